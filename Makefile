@@ -1,0 +1,25 @@
+# The two commands of the README: `make demo` and `make test`. Everything else builds on them.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test bench soak clean
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[test,demo,nvml]"
+	touch $(STAMP)
+
+demo: $(STAMP)  ## set up and open JupyterLab on the quickstart notebook
+	$(BIN)/jupyter lab notebooks/quickstart.ipynb
+
+test: $(STAMP)  ## set up and run the whole test suite
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)  ## speed figures, as ratios against baselines measured in the same run
+	$(BIN)/python benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

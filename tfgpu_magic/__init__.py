@@ -1,0 +1,39 @@
+"""tfgpu_magic: control TensorFlow's GPUs from a notebook with `%tfgpu`, before the first op.
+
+`%load_ext tfgpu_magic` in IPython/Jupyter; in a script, `tfgpu_magic.configure("growth on")`
+before importing TensorFlow. Importing this package never imports TensorFlow, ipywidgets or NVML.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .controller import configure, get_controller
+from .errors import PolicyError
+from .policy import Policy
+
+__version__ = "0.1.0"
+__all__ = ["Policy", "PolicyError", "configure", "current_policy", "session_config"]
+
+
+def current_policy() -> Policy:
+    """The desired policy: an immutable value with `to_dict()` and `Policy.from_dict()`."""
+    return get_controller().policy
+
+
+def session_config() -> Any:
+    """A `tf.compat.v1.ConfigProto` carrying the policy, for TF1-style `tf.compat.v1.Session`."""
+    from .runtime import session_config as build
+
+    return build(get_controller().plan())
+
+
+def load_ipython_extension(shell: Any) -> None:
+    """`%load_ext tfgpu_magic`: register `%tfgpu` and apply the configured default policy."""
+    from .magics import load
+
+    load(shell)
+
+
+def unload_ipython_extension(shell: Any) -> None:
+    """`%unload_ext tfgpu_magic`: the policy and environment stay as they are."""

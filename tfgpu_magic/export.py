@@ -1,0 +1,78 @@
+"""`%tfgpu export`: the policy as standalone Python, shell `export` lines, or JSON (pure)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from .errors import PolicyError
+from .plan import Plan, build_plan
+from .policy import Policy
+
+HEADER = "# GPU policy exported by tfgpu_magic; run it before anything else touches TensorFlow."
+
+
+def export(policy: Policy, fmt: str = "python") -> str:
+    """The policy in `fmt` (python, env or json), ready to paste."""
+    if fmt == "json":
+        return json.dumps(policy.to_dict(), indent=2)
+    plan = build_plan(policy)
+    if fmt == "python":
+        return to_python(plan)
+    if fmt == "env":
+        return to_env(plan)
+    raise PolicyError(f"export: unknown format {fmt!r}; expected python, env or json")
+
+
+def to_python(plan: Plan) -> str:
+    """A script that realises `plan` in a fresh process (a no-op on parts the machine lacks)."""
+    lines = [HEADER]
+    if plan.env:
+        lines += ["import os", ""]
+    for name, value in plan.env:
+        lines.append(f"os.environ[{name!r}] = {value!r}" if value is not None else f"os.environ.pop({name!r}, None)")
+    lines += ["", "import tensorflow as tf", ""]
+    if plan.gpu_configs or plan.growth is not None:
+        lines.append('gpus = tf.config.list_physical_devices("GPU")')
+    if plan.gpu_configs:
+        own = {index: list(sizes) for index, sizes in plan.gpu_configs if index is not None}
+        default = plan.default_config
+        lines += [
+            f"memory_limits = {own!r}  # TensorFlow GPU index -> MiB of each logical GPU",
+            f"default_limits = {list(default) if default else None!r}  # for every other GPU",
+            "for index, gpu in enumerate(gpus):",
+            "    limits = memory_limits.get(index, default_limits)",
+            "    if limits:",
+            "        tf.config.set_logical_device_configuration(",
+            "            gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=mib) for mib in limits]",
+            "        )",
+        ]
+    if plan.growth is not None:
+        lines += [
+            "for gpu in gpus:",
+            "    if tf.config.get_logical_device_configuration(gpu) is None:",
+            f"        tf.config.experimental.set_memory_growth(gpu, {plan.growth!r})",
+        ]
+    if plan.cpu_devices is not None:
+        lines += [
+            'cpus = tf.config.list_physical_devices("CPU")',
+            "tf.config.set_logical_device_configuration(",
+            f"    cpus[0], [tf.config.LogicalDeviceConfiguration()] * {plan.cpu_devices}",
+            ")",
+        ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def to_env(plan: Plan) -> str:
+    """Shell lines for what environment variables can express; the rest as comments."""
+    env = plan.env_map
+    if plan.growth is not None:
+        env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true" if plan.growth else "false"
+    lines = [HEADER.replace("run it", "source it")]
+    for name, value in env.items():
+        lines.append(f"export {name}={shlex.quote(value)}" if value is not None else f"unset {name}")
+    if plan.gpu_configs or plan.cpu_devices is not None:
+        lines.append(
+            "# memory limits and logical devices have no environment variable: use `%tfgpu export python`"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,81 @@
+"""Run a callback right after `import tensorflow` finishes, before the importing code goes on.
+
+A `sys.meta_path` finder for the top-level name `tensorflow` wraps the real loader's `exec_module`.
+This works with the import and the first op in one cell, and when TensorFlow is pulled in by
+`import keras` or a submodule import. The hook removes itself once used, puts the loader back,
+and never breaks the import: a failing callback becomes a warning.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import sys
+import warnings
+from types import ModuleType
+from typing import Callable
+
+TARGET = "tensorflow"
+
+
+class TensorFlowImportHook(importlib.abc.MetaPathFinder):
+    """Finder that arms `callback` on the loader of the real `tensorflow` package."""
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
+
+    def find_spec(self, fullname: str, path: object = None, target: ModuleType | None = None):  # noqa: ANN201
+        if fullname != TARGET:
+            return None
+        disarm()
+        spec = None
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if find is not None:
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        self._wrap(spec.loader)
+        return spec
+
+    def _wrap(self, loader: importlib.abc.Loader) -> None:
+        original = loader.exec_module
+        had_own = "exec_module" in vars(loader)
+
+        def exec_module(module: ModuleType) -> None:
+            try:
+                original(module)
+            except BaseException:
+                _restore(loader, original, had_own)
+                arm(self.callback)  # the import failed: try again at the next import
+                raise
+            _restore(loader, original, had_own)
+            try:
+                self.callback()
+            except Exception as err:  # a policy failure must never break the user's import
+                warnings.warn(f"tfgpu_magic: could not apply the GPU policy on import: {err}", stacklevel=2)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+
+
+def _restore(loader: importlib.abc.Loader, original: Callable, had_own: bool) -> None:
+    if had_own:
+        loader.exec_module = original  # type: ignore[method-assign]
+    else:
+        vars(loader).pop("exec_module", None)
+
+
+def arm(callback: Callable[[], None]) -> None:
+    """Install the hook (replacing an earlier one); no-op for the import if TF is already there."""
+    disarm()
+    sys.meta_path.insert(0, TensorFlowImportHook(callback))
+
+
+def disarm() -> None:
+    """Remove the hook if installed."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, TensorFlowImportHook)]
+
+
+def is_armed() -> bool:
+    return any(isinstance(f, TensorFlowImportHook) for f in sys.meta_path)

@@ -1,0 +1,153 @@
+"""Turn a policy into concrete steps: environment variables and `tf.config` calls (pure).
+
+The runtime (applying in this process) and the exporter (code for a script) both follow the plan,
+so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from .policy import ALL_GPUS, ALLOCATORS, Policy
+
+OUR_ENV = (
+    "CUDA_DEVICE_ORDER",
+    "CUDA_VISIBLE_DEVICES",
+    "TF_GPU_ALLOCATOR",
+    "TF_FORCE_GPU_ALLOW_GROWTH",
+)
+"""Every environment variable this tool may set; `reset` restores them."""
+
+CUDA_ENV = ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES")
+"""Read once, when CUDA starts (TensorFlow's first device listing)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The steps that realise a policy, GPUs numbered as TensorFlow will number them."""
+
+    env: tuple[tuple[str, str | None], ...] = ()
+    """Variables to set (None: make sure it is unset), before TensorFlow reads them."""
+    growth: bool | None = None
+    """`set_memory_growth(gpu, growth)` on every GPU without a logical configuration."""
+    gpu_configs: tuple[tuple[int | None, tuple[int, ...]], ...] = ()
+    """(TF GPU index, memory limits in MiB of its logical devices); index None: every other GPU."""
+    cpu_devices: int | None = None
+    """Logical CPU devices on the first physical CPU."""
+    visible_gpus: tuple[int, ...] | None = None
+    """TF GPU indices for `set_visible_devices`, used only when CUDA started before the policy."""
+    unresolved: tuple[str, ...] = ()
+    """GPU references that cannot be mapped to a TensorFlow index here."""
+    notes: tuple[str, ...] = ()
+    """Things the user should know about how the policy is realised."""
+
+    @property
+    def env_map(self) -> dict[str, str | None]:
+        return dict(self.env)
+
+    @property
+    def default_config(self) -> tuple[int, ...] | None:
+        """Memory limits for every GPU without its own entry (from `limit SIZE` with no GPU list)."""
+        return dict(self.gpu_configs).get(None)
+
+    def config_for(self, index: int) -> tuple[int, ...] | None:
+        """Memory limits of TF GPU `index`'s logical devices, None to leave it alone."""
+        own = dict(self.gpu_configs)
+        return own[index] if index in own else self.default_config
+
+    @property
+    def has_logical_devices(self) -> bool:
+        return bool(self.gpu_configs) or self.cpu_devices is not None
+
+
+def uses_gpu_settings(policy: Policy) -> bool:
+    return bool(
+        policy.visible is not None or policy.growth is not None or policy.limits or policy.splits or policy.allocator
+    )
+
+
+def visible_order(policy: Policy, inherited: str | None) -> list[str] | None:
+    """The `CUDA_VISIBLE_DEVICES` entries CUDA will enumerate, None for 'every GPU, PCI order'."""
+    if policy.visible is not None:
+        return list(policy.visible)
+    if inherited is None:
+        return None
+    return [token.strip() for token in inherited.split(",") if token.strip()]
+
+
+def tf_index(ref: str, order: Sequence[str] | None) -> int | None:
+    """TensorFlow's index for GPU `ref` (nvidia-smi index or UUID), None if it cannot be known."""
+    if order is None:
+        return int(ref) if ref.isdigit() else None
+    return list(order).index(ref) if ref in order else None
+
+
+def build_plan(policy: Policy, inherited_visible: str | None = None, cuda_started: bool = False) -> Plan:
+    """The plan for `policy`.
+
+    `inherited_visible` is `CUDA_VISIBLE_DEVICES` as CUDA will see it apart from this policy (or, once
+    CUDA has started, as it saw it). Once CUDA has started, `CUDA_*` variables are too late: GPUs are
+    hidden through `tf.config.set_visible_devices` instead.
+    """
+    env: dict[str, str | None] = {}
+    notes: list[str] = []
+    unresolved: list[str] = []
+    visible_gpus: tuple[int, ...] | None = None
+    if cuda_started:
+        order = visible_order(Policy(), inherited_visible)
+        if policy.visible is not None:
+            indices = [tf_index(ref, order) for ref in policy.visible]
+            unresolved += [ref for ref, index in zip(policy.visible, indices) if index is None]
+            visible_gpus = tuple(index for index in indices if index is not None)
+            notes.append("CUDA has already started: GPUs are hidden through tf.config.set_visible_devices")
+    else:
+        order = visible_order(policy, inherited_visible)
+        if uses_gpu_settings(policy):
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        if policy.visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(policy.visible)
+    if policy.allocator is not None:
+        env["TF_GPU_ALLOCATOR"] = ALLOCATORS[policy.allocator]
+
+    gpu_configs: list[tuple[int | None, tuple[int, ...]]] = []
+    for ref, sizes in [(gpu, (mib,)) for gpu, mib in policy.limits] + list(policy.splits):
+        if ref == ALL_GPUS:
+            gpu_configs.append((None, sizes))
+            continue
+        index = tf_index(ref, order)
+        if index is None:
+            unresolved.append(ref)
+        else:
+            gpu_configs.append((index, sizes))
+
+    growth = policy.growth
+    has_virtual = bool(gpu_configs) or policy.cpu_devices is not None
+    if policy.growth is True and has_virtual:
+        env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
+        growth = None
+        notes.append(
+            "growth inside the memory caps through TF_FORCE_GPU_ALLOW_GROWTH=true: TensorFlow refuses "
+            "set_memory_growth together with logical devices, and drops growth once any exist"
+        )
+    elif policy.growth is not None:
+        env["TF_FORCE_GPU_ALLOW_GROWTH"] = None
+    if policy.allocator == "async":
+        if policy.limits or policy.splits:
+            notes.append("with the async allocator (cuda_malloc_async) a memory limit is soft, not a hard cap")
+        if policy.growth is not None:
+            notes.append("with the async allocator memory growth is moot: it allocates on demand")
+    if unresolved:
+        notes.append(
+            f"GPU {', '.join(unresolved)}: no TensorFlow index is known for it here "
+            "(a UUID needs the GPU inventory, or list it in `visible`)"
+        )
+    return Plan(
+        env=tuple(env.items()),
+        growth=growth,
+        gpu_configs=tuple(gpu_configs),
+        cpu_devices=policy.cpu_devices,
+        visible_gpus=visible_gpus,
+        unresolved=tuple(unresolved),
+        notes=tuple(notes),
+    )

@@ -1,0 +1,85 @@
+"""Text views: the `%tfgpu` status and the message after an edit or apply (pure formatting)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .plan import OUR_ENV
+from .policy import ALL_GPUS, Policy
+from .runtime import ApplyReport, pending_changes, recorded_settings
+
+if TYPE_CHECKING:
+    from .controller import Controller
+
+RESTART_HINT = (
+    "Restart the kernel to apply it (Kernel > Restart Kernel), then run `%load_ext tfgpu_magic` "
+    "and your %tfgpu cells before importing TensorFlow."
+)
+
+
+def describe_policy(policy: Policy) -> list[str]:
+    """The policy as directive-like phrases, e.g. `growth on`, `limit 4096 MiB on all GPUs`."""
+    parts = []
+    if policy.visible is not None:
+        parts.append(f"visible {','.join(policy.visible) or 'none'}")
+    if policy.growth is not None:
+        parts.append(f"growth {'on' if policy.growth else 'off'}")
+    for gpu, mib in policy.limits:
+        parts.append(f"limit {mib} MiB on {'all GPUs' if gpu == ALL_GPUS else 'GPU ' + gpu}")
+    for gpu, sizes in policy.splits:
+        parts.append(f"split GPU {gpu} into {' + '.join(f'{mib} MiB' for mib in sizes)}")
+    if policy.cpu_devices is not None:
+        parts.append(f"split cpu into {policy.cpu_devices} logical devices")
+    if policy.allocator is not None:
+        parts.append(f"allocator {policy.allocator}")
+    for field, why in policy.sources:
+        parts.append(f"({field}: {why})")
+    return parts
+
+
+def describe_report(report: ApplyReport) -> str:
+    """What an edit or apply did, in a few lines; names what is locked and how to get past it."""
+    lines = []
+    if report.locked:
+        lines.append(
+            "TensorFlow's runtime is already initialized in this kernel, so these settings cannot change now:"
+        )
+        lines += [f"  - {item}" for item in report.locked]
+        lines.append("The policy is recorded. " + RESTART_HINT)
+    if report.failed:
+        lines.append("TensorFlow refused part of the policy:")
+        lines += [f"  - {item}" for item in report.failed]
+    if report.applied:
+        lines.append("Applied: " + "; ".join(report.applied))
+    if report.failed or report.locked:
+        if not report.applied:
+            lines.append("Nothing else was applied.")
+    elif report.waiting:
+        lines.append("Recorded; the rest applies when TensorFlow is imported.")
+    elif not report.applied:
+        lines.append("Already in force.")
+    lines += [f"Note: {note}" for note in report.notes]
+    return "\n".join(lines)
+
+
+def describe_status(controller: Controller) -> str:
+    """The full `%tfgpu` status: TensorFlow state, desired policy, environment, what TF recorded."""
+    state = controller.api.state()
+    lines = [f"TensorFlow: {state.label}"]
+    policy = describe_policy(controller.policy)
+    lines.append("Policy: " + ("; ".join(policy) if policy else "none (TensorFlow defaults)"))
+    env = [f"{name}={controller.environ[name]}" for name in OUR_ENV if name in controller.environ]
+    lines.append("Environment: " + (", ".join(env) if env else "none of CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, "
+                                    "TF_GPU_ALLOCATOR, TF_FORCE_GPU_ALLOW_GROWTH set"))
+    if state.imported:
+        recorded = recorded_settings(controller.api)
+        lines.append("TensorFlow recorded:" + ("" if recorded else " nothing yet (devices not listed)"))
+        lines += [f"  {line}" for line in recorded]
+    plan = controller.plan()
+    if state.devices_listed:
+        changes, _ = pending_changes(plan, controller.api)
+        if changes:
+            lines.append("Pending, needs a restart:" if state.initialized else "Not applied yet (`%tfgpu apply`):")
+            lines += [f"  - {change.describe()}" for change in changes]
+    lines += [f"Note: {note}" for note in plan.notes]
+    return "\n".join(lines)
