@@ -55,6 +55,13 @@ class Controller:
             policy = edit.change(policy)
         return self.set_policy(policy)
 
+    def edit_policy(self, lines: Iterable[str], base: Policy | None = None) -> Policy:
+        """The policy `lines` (directive strings) make of `base` (default: the current one); applies nothing."""
+        policy = self.policy if base is None else base
+        for line in lines:
+            policy = self.parse(line).change(policy)
+        return policy
+
     def set_policy(self, policy: Policy) -> ApplyReport:
         """Replace the desired policy (validated first) and apply it as far as TensorFlow allows."""
         policy.validate()
@@ -147,7 +154,7 @@ def configure(*directives: str) -> ApplyReport:
     Same directives and timing rules as the magic; bad input raises `PolicyError` and changes nothing.
     """
     controller = get_controller()
-    report = controller.edit([controller.parse(line) for line in directives])
+    report = controller.set_policy(controller.edit_policy(directives))
     if not report.ok:
         import warnings
 

@@ -11,8 +11,8 @@ from .errors import PolicyError
 from .policy import ALL_GPUS, ALLOCATORS, MAX_MIB, MAX_VIRTUAL_DEVICES, Policy, sort_gpu_items
 
 MAX_GPU_INDEX = 255
-EXPORT_FORMATS = ("python", "env", "json")
-ACTIONS = ("status", "apply", "export", "restart")
+ACTIONS = ("status", "apply", "export", "restart", "default", "autoload", "kernelspec")
+CHOICES = {"export": ("python", "env", "json"), "default": ("save", "clear", "show"), "autoload": ("on", "off")}
 EDITS = ("growth", "limit", "visible", "split", "allocator", "reset")
 
 _SIZE = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)\s*(mib|mb|gib|gb|g|%)?$", re.IGNORECASE)
@@ -95,12 +95,18 @@ def parse_words(words: Sequence[str], catalog: GpuCatalog | None = None) -> Dire
     if head in ("status", "apply", "restart"):
         _expect(head, args, 0, 0)
         return Action(head)
-    if head == "export":
-        _expect(head, args, 0, 1, "[python | env | json]")
-        fmt = args[0].lower() if args else "python"
-        if fmt not in EXPORT_FORMATS:
-            raise PolicyError(f"export: unknown format {args[0]!r}; expected one of {', '.join(EXPORT_FORMATS)}")
-        return Action("export", fmt)
+    if head in CHOICES:
+        choices = CHOICES[head]
+        _expect(head, args, 0 if head == "export" else 1, 1, " | ".join(choices))
+        choice = args[0].lower() if args else choices[0]
+        if choice not in choices:
+            raise PolicyError(f"{head}: unknown choice {args[0]!r}; expected one of {', '.join(choices)}")
+        return Action(head, choice)
+    if head == "kernelspec":
+        _expect(head, args, 1, 1, "NAME [--display-name TEXT] [--remove]")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args[0]):
+            raise PolicyError(f"kernelspec: {args[0]!r} is not a valid name; use letters, digits, '.', '_' and '-'")
+        return Action(head, args[0].lower())
     parser = _EDIT_PARSERS.get(head)
     if parser is None:
         raise PolicyError(

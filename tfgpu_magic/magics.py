@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import os
+from typing import Any, Callable
+
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from traitlets import List, Unicode
 
+from . import persist
 from .controller import Controller, get_controller
 from .errors import PolicyError
 from .export import export
 from .grammar import Action, parse_cell, parse_words
-from .status import RESTART_HINT, describe_report, describe_status
+from .policy import Policy
+from .status import describe_policy, describe_report, describe_status, pending_lines
+
+OPTION_OWNERS = {"yes": "restart", "display_name": "kernelspec", "remove": "kernelspec"}
 
 
 @magics_class
@@ -23,7 +30,7 @@ class TFGPUMagics(Magics):
         help="Directives applied when the extension loads, e.g. ['growth on', 'visible 0'].",
     ).tag(config=True)
 
-    def __init__(self, shell, controller: Controller | None = None) -> None:  # noqa: ANN001
+    def __init__(self, shell: Any, controller: Controller | None = None) -> None:
         super().__init__(shell=shell)
         self.controller = controller or get_controller()
 
@@ -33,8 +40,12 @@ class TFGPUMagics(Magics):
         nargs="*",
         help="growth all|on|off; limit SIZE|off [GPUS]; visible GPUS|all|none; "
         "split GPU COUNTxSIZE | GPU SIZE,SIZE,... | cpu COUNT | off [GPU|cpu]; allocator bfc|async; "
-        "reset; apply; export [python|env|json]; restart. Nothing: show the status.",
+        "reset; apply; export [python|env|json]; restart; default save|clear|show; autoload on|off; "
+        "kernelspec NAME. Nothing: show the status.",
     )
+    @argument("--yes", action="store_true", help="with restart: restart now, without asking")
+    @argument("--display-name", metavar="TEXT", help="with kernelspec: the name shown in the launcher")
+    @argument("--remove", action="store_true", help="with kernelspec: uninstall it")
     @line_cell_magic
     def tfgpu(self, line: str, cell: str | None = None) -> None:
         """Control TensorFlow's GPUs from a notebook, before and after `import tensorflow`.
@@ -54,7 +65,11 @@ class TFGPUMagics(Magics):
           %tfgpu reset                     forget the policy and the variables this tool set
           %tfgpu apply                     apply now if TensorFlow allows it (normally automatic)
           %tfgpu export [python|env|json]  the equivalent standalone code
-          %tfgpu restart                   how to restart the kernel with the policy
+          %tfgpu restart [--yes]           restart the kernel with the policy in force
+          %tfgpu default save|clear|show   the policy every kernel starts with
+          %tfgpu autoload on | off         load this extension in every new kernel of the profile
+          %tfgpu kernelspec NAME [--display-name TEXT] [--remove]
+                                           a Jupyter kernel that starts with this policy
 
         SIZE: MiB (4096) or 512MB, 1.5GB, 2GiB, 3G (binary units, like TF and nvidia-smi).
         GPUS: indices in nvidia-smi order (0,2 or 0-3), GPU UUIDs or unique UUID prefixes.
@@ -65,43 +80,123 @@ class TFGPUMagics(Magics):
             if cell is not None:
                 if line.strip():
                     raise PolicyError("%%tfgpu takes its directives in the cell body, not on the first line")
-                self._show(self.controller.edit(parse_cell(cell, self.controller.catalog)))
+                print(describe_report(self.controller.edit(parse_cell(cell, self.controller.catalog))))
                 return
-            words = parse_argstring(self.tfgpu, line).directive
-            directive = parse_words(words, self.controller.catalog)
+            args = parse_argstring(self.tfgpu, line)
+            directive = parse_words(args.directive, self.controller.catalog)
+            _check_options(args, directive)
             if isinstance(directive, Action):
-                self._act(directive)
+                self._act(directive, args)
             else:
-                self._show(self.controller.edit([directive]))
+                print(describe_report(self.controller.edit([directive])))
         except PolicyError as err:
             raise UsageError(str(err)) from None
 
-    def _act(self, action: Action) -> None:
-        if action.name == "status":
-            print(describe_status(self.controller))
-        elif action.name == "apply":
-            self._show(self.controller.apply())
-        elif action.name == "export":
-            print(export(self.controller.policy, action.arg or "python").rstrip("\n"))
-        elif action.name == "restart":
-            print("This version cannot restart the kernel for you yet. " + RESTART_HINT)
+    def _act(self, action: Action, args: Any) -> None:
+        handlers: dict[str, Callable[[], str]] = {
+            "status": lambda: describe_status(self.controller),
+            "apply": lambda: describe_report(self.controller.apply()),
+            "export": lambda: export(self.controller.policy, action.arg or "python").rstrip("\n"),
+            "restart": lambda: self._restart(args.yes),
+            "default": lambda: self._default(action.arg or "show"),
+            "autoload": lambda: persist.set_autoload(self._profile_dir(), action.arg == "on"),
+            "kernelspec": lambda: self._kernelspec(action.arg or "", args.display_name, args.remove),
+        }
+        text = handlers[action.name]()
+        if text:
+            print(text)
 
-    @staticmethod
-    def _show(report) -> None:  # noqa: ANN001
-        print(describe_report(report))
+    def _restart(self, confirmed: bool) -> str:
+        from .restart import restart_and_apply
+
+        if confirmed:
+            return restart_and_apply(self.shell, self.controller.policy)
+        pending = pending_lines(self.controller)
+        summary = "\n".join(["Restarting loses every variable of this kernel. Changes to apply:"] + pending
+                            if pending else ["Restarting loses every variable of this kernel."])
+        if getattr(self.shell, "kernel", None) is None:
+            return summary + "\nRun `%tfgpu restart --yes` to go ahead."
+        from .confirm import show_restart_button
+
+        show_restart_button(summary, lambda: restart_and_apply(self.shell, self.controller.policy))
+        return ""
+
+    def _profile_dir(self) -> str:
+        return self.shell.profile_dir.location
+
+    def _default(self, verb: str) -> str:
+        path = persist.default_path(self._profile_dir())
+        if verb == "save":
+            persist.write_policy(path, self.controller.policy)
+            return f"Saved as the default policy of every kernel that loads tfgpu_magic ({path})."
+        if verb == "clear":
+            path.unlink(missing_ok=True)
+            return f"No default policy any more ({path} removed)."
+        found = persist.read_policy(path)
+        if found is None:
+            return f"No default policy saved ({path})."
+        return f"Default policy ({path}): " + ("; ".join(describe_policy(found[0])) or "TensorFlow defaults")
+
+    def _kernelspec(self, name: str, display_name: str | None, remove: bool) -> str:
+        from . import kernelspec
+
+        if remove:
+            return f"Removed kernelspec {name!r} ({kernelspec.remove(name)})."
+        where = kernelspec.install(name, self.controller.policy, display_name)
+        return f"Installed kernelspec {name!r} in {where}; pick it in the launcher for a kernel with this policy."
 
 
-def load(shell) -> TFGPUMagics:  # noqa: ANN001
-    """Register the magics on `shell` and apply the configured default policy."""
+def _check_options(args: Any, directive: Any) -> None:
+    """Options belong to one directive each: `--yes` to restart, the others to kernelspec."""
+    name = directive.name if isinstance(directive, Action) else directive.text.split()[0]
+    for option, owner in OPTION_OWNERS.items():
+        if getattr(args, option) and name != owner:
+            raise PolicyError(f"--{option.replace('_', '-')} only goes with `{owner}`")
+
+
+def startup_policy(magics: TFGPUMagics) -> tuple[Policy | None, list[str]]:
+    """The policy this kernel starts with, and warnings: later sources replace earlier ones —
+    `default_policy` config, the saved default, a kernelspec's environment, a pending restart."""
+    from .kernelspec import policy_from_env
+    from .restart import current_kernel
+
+    controller = magics.controller
+    policy: Policy | None = None
+    warnings: list[str] = []
+
+    def attempt(source: str, read: Callable[[], Policy | None]) -> None:
+        nonlocal policy
+        try:
+            found = read()
+        except (PolicyError, OSError) as err:
+            warnings.append(f"tfgpu_magic: ignoring the {source}: {err}")
+            return
+        if found is not None:
+            policy = found
+
+    if magics.default_policy:
+        attempt("configured default_policy", lambda: controller.edit_policy(magics.default_policy, Policy()))
+    attempt("saved default", lambda: _first(persist.read_policy(persist.default_path(magics._profile_dir()))))
+    attempt("policy of this kernelspec", lambda: policy_from_env(dict(os.environ)))
+    kernel = current_kernel(magics.shell)
+    if kernel is not None:
+        attempt("pending policy", lambda: persist.take_pending(kernel.kernel_id))
+    return policy, warnings
+
+
+def _first(found: tuple[Policy, dict] | None) -> Policy | None:
+    return None if found is None else found[0]
+
+
+def load(shell: Any) -> TFGPUMagics:
+    """Register the magics on `shell` and apply the policy this kernel starts with."""
     magics = TFGPUMagics(shell)
     shell.register_magics(magics)
-    if magics.default_policy:
-        controller = magics.controller
-        try:
-            report = controller.edit([controller.parse(line) for line in magics.default_policy])
-        except PolicyError as err:
-            print(f"tfgpu_magic: ignoring the configured default_policy: {err}")
-        else:
-            if not report.ok:
-                print(describe_report(report))
+    policy, warnings = startup_policy(magics)
+    for warning in warnings:
+        print(warning)
+    if policy is not None:
+        report = magics.controller.set_policy(policy)
+        if not report.ok:
+            print(describe_report(report))
     return magics

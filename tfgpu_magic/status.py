@@ -11,10 +11,7 @@ from .runtime import ApplyReport, pending_changes, recorded_settings
 if TYPE_CHECKING:
     from .controller import Controller
 
-RESTART_HINT = (
-    "Restart the kernel to apply it (Kernel > Restart Kernel), then run `%load_ext tfgpu_magic` "
-    "and your %tfgpu cells before importing TensorFlow."
-)
+RESTART_HINT = "Run `%tfgpu restart` to restart the kernel with the policy in force."
 
 
 def describe_policy(policy: Policy) -> list[str]:
@@ -75,11 +72,17 @@ def describe_status(controller: Controller) -> str:
         recorded = recorded_settings(controller.api)
         lines.append("TensorFlow recorded:" + ("" if recorded else " nothing yet (devices not listed)"))
         lines += [f"  {line}" for line in recorded]
-    plan = controller.plan()
-    if state.devices_listed:
-        changes, _ = pending_changes(plan, controller.api)
-        if changes:
-            lines.append("Pending, needs a restart:" if state.initialized else "Not applied yet (`%tfgpu apply`):")
-            lines += [f"  - {change.describe()}" for change in changes]
-    lines += [f"Note: {note}" for note in plan.notes]
+    pending = pending_lines(controller)
+    if pending:
+        lines.append("Pending, needs a restart:" if state.initialized else "Not applied yet (`%tfgpu apply`):")
+        lines += pending
+    lines += [f"Note: {note}" for note in controller.plan().notes]
     return "\n".join(lines)
+
+
+def pending_lines(controller: Controller) -> list[str]:
+    """Settings TensorFlow has not taken yet, one `  - ...` line each; empty before CUDA started."""
+    if not controller.api.state().devices_listed:
+        return []
+    changes, _ = pending_changes(controller.plan(), controller.api)
+    return [f"  - {change.describe()}" for change in changes]

@@ -1,0 +1,239 @@
+"""FakeTF against real TensorFlow (CPU build) wherever both can run: same outcome for every call.
+
+Each scenario is a list of calls on the seam. Real TensorFlow runs it in ONE fresh subprocess
+(this pytest process never imports TensorFlow: that would lock its state for the whole session),
+through the real `TensorFlowConfig`; the fake runs it here. Every step must give the same outcome
+(value, or exception type and message) on both, and the outcome the scenario expects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fake_tf import FakeTF, PhysicalDevice
+from tfgpu_magic.plan import build_plan
+from tfgpu_magic.policy import Policy
+from tfgpu_magic.runtime import TensorFlowConfig, apply_plan
+
+pytestmark = pytest.mark.tensorflow
+
+TESTS_DIR = Path(__file__).resolve().parent
+TF_TIMEOUT = 120
+
+
+# ----- one interpreter for both sides ---------------------------------------------------------------
+class RealTF(TensorFlowConfig):
+    """The real seam plus TensorFlow's life, for the subprocess."""
+
+    def list_devices(self) -> list[Any]:
+        return self.tf.config.list_physical_devices()
+
+    def initialize(self) -> None:
+        self.tf.config.list_logical_devices()  # initializes the runtime
+
+    def cpus_in_force(self) -> int:
+        return len(self.tf.config.list_logical_devices("CPU"))
+
+
+class ParityFake(FakeTF):
+    def cpus_in_force(self) -> int:
+        return self.in_force().cpus
+
+
+def device(name: str) -> PhysicalDevice:
+    """`"CPU:0"` → a PhysicalDevice (a namedtuple: equal to TensorFlow's own)."""
+    return PhysicalDevice(f"/physical_device:{name}", name.split(":")[0])
+
+
+def _names(api: Any, devices: list[Any]) -> list[str]:
+    return [api.name(d) for d in devices]
+
+
+def _report(report: Any) -> dict[str, Any]:
+    data = dataclasses.asdict(report)
+    data["state"] = list(data["state"].values())
+    return data
+
+
+OPS = {
+    "state": lambda api: list(dataclasses.astuple(api.state())),
+    "list": lambda api, kind: _names(api, api.devices(kind)),
+    "init": lambda api: api.initialize() and None,
+    "cpus": lambda api: api.cpus_in_force(),
+    "get_growth": lambda api, name: api.get_growth(device(name)),
+    "set_growth": lambda api, name, enable: api.set_growth(device(name), enable),
+    "get_logical": lambda api, name: api.get_logical(device(name)),
+    "set_logical": lambda api, name, limits: api.set_logical(device(name), limits),
+    "get_visible": lambda api, kind: _names(api, api.get_visible(kind)),
+    "set_visible": lambda api, names, kind: api.set_visible([device(n) for n in names], kind),
+    "apply": lambda api, policy: _report(apply_plan(build_plan(Policy.from_dict(policy)), api)),
+}
+
+
+def run_steps(api: Any, calls: list[list[Any]]) -> list[list[Any]]:
+    """Outcome of each call: `["ok", value]` or `[exception type, message]`, JSON-shaped."""
+    outcomes = []
+    for op, *args in calls:
+        try:
+            value = OPS[op](api, *args)
+        except (ValueError, RuntimeError, KeyError) as err:
+            outcomes.append([type(err).__name__, str(err)])
+        else:
+            outcomes.append(["ok", json.loads(json.dumps(value))])
+    return outcomes
+
+
+SUBPROCESS = """
+import json, sys
+import tensorflow
+sys.path.insert(0, sys.argv[1])
+from test_fake_parity import RealTF, run_steps
+print("OUTCOMES " + json.dumps(run_steps(RealTF(), json.loads(sys.argv[2]))))
+"""
+
+
+def start_real(calls: list[list[Any]]) -> subprocess.Popen:
+    """Run `calls` against real TensorFlow in a fresh interpreter."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.Popen(
+        [sys.executable, "-c", SUBPROCESS, str(TESTS_DIR), json.dumps(calls)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=TESTS_DIR.parent,
+    )
+
+
+def finish_real(process: subprocess.Popen) -> list[list[Any]]:
+    out, err = process.communicate(timeout=TF_TIMEOUT)
+    lines = [line for line in out.splitlines() if line.startswith("OUTCOMES ")]
+    assert process.returncode == 0 and lines, f"TensorFlow subprocess failed:\n{err[-3000:]}"
+    return json.loads(lines[-1].removeprefix("OUTCOMES "))
+
+
+# ----- scenarios ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Step:
+    why: str
+    call: tuple
+    want: tuple
+    """("ok", value) exact; (ExceptionType, message substring); ("report", {field: [substrings]})."""
+
+
+def ok(value: Any = None) -> tuple:
+    return ("ok", value)
+
+
+def report(**fields: list[str]) -> tuple:
+    return ("report", fields)
+
+
+THREE = [None, None, None]
+
+RULES = [
+    Step("imported, nothing listed", ("state",), ok([True, False, False])),
+    Step("listing starts CUDA", ("list", "CPU"), ok(["CPU:0"])),
+    Step("devices listed", ("state",), ok([True, True, False])),
+    Step("no GPU on this build", ("list", "GPU"), ok([])),
+    Step("CPU visible", ("get_visible", "CPU"), ok(["CPU:0"])),
+    Step("no logical config yet", ("get_logical", "CPU:0"), ok(None)),
+    Step("growth of a CPU is no key", ("get_growth", "CPU:0"), ("KeyError", "CPU:0")),
+    Step("growth on CPU", ("set_growth", "CPU:0", True), ("ValueError", "memory growth on non-GPU")),
+    Step("growth on unknown GPU", ("set_growth", "GPU:0", True), ("ValueError", "Unrecognized device")),
+    Step("logical of unknown GPU", ("get_logical", "GPU:0"), ("ValueError", "Unrecognized device")),
+    Step("split unknown GPU", ("set_logical", "GPU:0", [1024]), ("ValueError", "Unrecognized device")),
+    Step("memory_limit on CPU", ("set_logical", "CPU:0", [1024, None]), ("ValueError", "memory limit on CPU")),
+    Step("still no logical config", ("get_logical", "CPU:0"), ok(None)),
+    Step("show unknown GPU", ("set_visible", ["GPU:0"], "GPU"), ("ValueError", "Unrecognized device")),
+    Step("CPU as a GPU", ("set_visible", ["CPU:0"], "GPU"), ("ValueError", "Unrecognized device")),
+    Step("split CPU in 3", ("set_logical", "CPU:0", THREE), ok()),
+    Step("3 recorded", ("get_logical", "CPU:0"), ok(THREE)),
+    Step("growth with virtual config", ("set_growth", "CPU:0", False), ("ValueError", "virtual devices configured")),
+    Step("same split again", ("set_logical", "CPU:0", THREE), ok()),
+    Step("change before init", ("set_logical", "CPU:0", [None, None]), ok()),
+    Step("change back", ("set_logical", "CPU:0", THREE), ok()),
+    Step("same visible CPU", ("set_visible", ["CPU:0"], "CPU"), ok()),
+    Step("empty GPU list, no GPU", ("set_visible", [], "GPU"), ok()),
+    Step("first op", ("init",), ok()),
+    Step("initialized", ("state",), ok([True, True, True])),
+    Step("3 logical CPUs in force", ("cpus",), ok(3)),
+    Step("identical split after init", ("set_logical", "CPU:0", THREE), ok()),
+    Step("other split after init", ("set_logical", "CPU:0", [None, None]), ("RuntimeError", "Virtual devices cannot be modified after being initialized")),
+    Step("limit checked before lock", ("set_logical", "CPU:0", [512]), ("ValueError", "memory limit on CPU")),
+    Step("config unchanged", ("get_logical", "CPU:0"), ok(THREE)),
+    Step("identical visible after init", ("set_visible", ["CPU:0"], "CPU"), ok()),
+    Step("hide CPU after init", ("set_visible", [], "CPU"), ("RuntimeError", "Visible devices cannot be modified after being initialized")),
+    Step("CPU still visible", ("get_visible", "CPU"), ok(["CPU:0"])),
+    Step("growth on CPU after init", ("set_growth", "CPU:0", True), ("ValueError", "virtual devices configured")),
+    Step("still 3 in force", ("cpus",), ok(3)),
+]
+
+CPU3 = {"cpu_devices": 3}
+APPLY = [
+    Step("TF imported only", ("state",), ok([True, False, False])),
+    Step("growth, no GPU", ("apply", {"growth": True}), report(applied=[], locked=[], notes=["sees no GPU"])),
+    Step("CPU split", ("apply", CPU3), report(applied=["TF default → 3 logical devices"], locked=[], failed=[])),
+    Step("again: nothing to do", ("apply", CPU3), report(applied=[], locked=[], failed=[])),
+    Step("change before init", ("apply", {"cpu_devices": 2}), report(applied=["3 logical devices → 2"], locked=[])),
+    Step("back to 3", ("apply", CPU3), report(applied=["→ 3 logical devices"], locked=[])),
+    Step("first op", ("init",), ok()),
+    Step("3 CPUs in force", ("cpus",), ok(3)),
+    Step("identical after init", ("apply", CPU3), report(applied=[], locked=[], failed=[])),
+    Step("different after init", ("apply", {"cpu_devices": 2}), report(applied=[], locked=["3 logical devices → 2"], failed=[])),
+    Step("split off after init", ("apply", {"cpu_devices": 1}), report(applied=[], locked=["→ 1 logical devices"])),
+    Step("nothing changed", ("get_logical", "CPU:0"), ok(THREE)),
+    Step("still 3 in force", ("cpus",), ok(3)),
+]
+
+SCENARIOS = {"rules": RULES, "apply_plan": APPLY}
+
+
+@pytest.fixture(scope="module")
+def outcomes() -> dict[str, tuple[list, list]]:
+    """(real, fake) outcomes of every scenario; the real ones from fresh processes run side by side."""
+    processes = {name: start_real([list(s.call) for s in steps]) for name, steps in SCENARIOS.items()}
+    return {
+        name: (finish_real(processes[name]), run_steps(ParityFake(0), [list(s.call) for s in steps]))
+        for name, steps in SCENARIOS.items()
+    }
+
+
+def matches(outcome: list, want: tuple) -> bool:
+    kind, expected = want
+    if kind == "report":
+        return outcome[0] == "ok" and all(
+            len(outcome[1][field]) == len(subs) and all(s in line for s, line in zip(subs, outcome[1][field]))
+            for field, subs in expected.items()
+        )
+    if kind == "ok":
+        return outcome == ["ok", expected]
+    return outcome[0] == kind and expected in outcome[1]
+
+
+CASES = [
+    pytest.param(name, index, id=f"{name}-{index:02d}-{step.why.replace(' ', '_')}")
+    for name, steps in SCENARIOS.items()
+    for index, step in enumerate(steps)
+]
+
+
+@pytest.mark.parametrize(("scenario", "index"), CASES)
+def test_fake_matches_tensorflow(outcomes: dict, scenario: str, index: int) -> None:
+    """The fake gives TensorFlow's exact outcome, and both give the one the scenario expects."""
+    real, fake = (side[index] for side in outcomes[scenario])
+    step = SCENARIOS[scenario][index]
+    assert matches(real, step.want), f"TensorFlow itself: {real}, scenario expects {step.want}"
+    assert fake == real
+
+
+def test_device_repr_matches_tensorflow(outcomes: dict) -> None:
+    """Error messages name devices exactly as TensorFlow does (namedtuple repr)."""
+    real, _ = outcomes["rules"]
+    unknown = next(o for o in real if o[0] == "ValueError" and "Unrecognized" in o[1])
+    assert unknown[1] == f"Unrecognized device: {device('GPU:0')!r}"

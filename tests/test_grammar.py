@@ -1,0 +1,282 @@
+"""The `%tfgpu` directive language, pure: no IPython, no TensorFlow."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cases import params
+from tfgpu_magic.errors import PolicyError
+from tfgpu_magic.grammar import Action, Edit, parse_cell, parse_line
+from tfgpu_magic.policy import Policy
+
+RICH = Policy(
+    visible=("0", "1", "2"),
+    growth=True,
+    limits=(("all", 1024), ("1", 2048)),
+    splits=(("0", (512, 512)), ("2", (256,))),
+    cpu_devices=2,
+    allocator="async",
+)
+
+
+def apply_lines(*lines: str, policy: Policy = Policy()) -> Policy:
+    """The policy that `lines`, parsed and applied in turn, make of `policy`."""
+    for line in lines:
+        directive = parse_line(line)
+        assert isinstance(directive, Edit), line
+        policy = directive.change(policy)
+    return policy
+
+
+# ----- valid directives -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("growth on", Policy(growth=True)),
+        ("growth all", Policy(growth=True)),
+        ("growth off", Policy(growth=False)),
+        ("GROWTH On", Policy(growth=True)),
+        ("limit 4096", Policy(limits=(("all", 4096),))),
+        ("limit 1GB 0,2", Policy(limits=(("0", 1024), ("2", 1024)))),
+        ("limit 1GB 2,0", Policy(limits=(("0", 1024), ("2", 1024)))),
+        ("limit 1GB 0-3", Policy(limits=tuple((str(i), 1024) for i in range(4)))),
+        ("limit 2GB GPU-8932f937", Policy(limits=(("GPU-8932f937", 2048),))),
+        ("visible 0,2", Policy(visible=("0", "2"))),
+        ("visible 0-3", Policy(visible=("0", "1", "2", "3"))),
+        ("visible 3,1,2", Policy(visible=("3", "1", "2"))),
+        ("visible 01", Policy(visible=("1",))),
+        ("visible gpu-8932f937,1", Policy(visible=("GPU-8932f937", "1"))),
+        ("visible MIG-3e1b2c4d/1/0", Policy(visible=("MIG-3e1b2c4d/1/0",))),
+        ("visible all", Policy()),
+        ("visible none", Policy(visible=())),
+        ("split 0 2x2GB", Policy(splits=(("0", (2048, 2048)),))),
+        ("split 1 3×512MB", Policy(splits=(("1", (512, 512, 512)),))),
+        ("split 0 1GB,3GB", Policy(splits=(("0", (1024, 3072)),))),
+        ("split 0 1GB", Policy(splits=(("0", (1024,)),))),
+        ("split cpu 3", Policy(cpu_devices=3)),
+        ("split cpu 64", Policy(cpu_devices=64)),
+        ("allocator async", Policy(allocator="async")),
+        ("allocator BFC", Policy(allocator="bfc")),
+        ("reset", Policy()),
+    ],
+)
+def test_directive_builds_policy(line: str, expected: Policy) -> None:
+    """Each directive form, applied to the empty policy, gives exactly the expected policy."""
+    assert apply_lines(line) == expected
+
+
+@pytest.mark.parametrize(
+    "size, mib",
+    [
+        ("4096", 4096),
+        ("1", 1),
+        ("512MB", 512),
+        ("512mb", 512),
+        ("1024MiB", 1024),
+        ("1.5GB", 1536),
+        (".5GB", 512),
+        ("2GiB", 2048),
+        ("3G", 3072),
+        ("'2 GB'", 2048),
+        ("1024GB", 1024 * 1024),
+    ],
+)
+def test_sizes_are_binary_mib(size: str, mib: int) -> None:
+    """Sizes become whole MiB; every unit is binary (1GB == 1024 MiB, like TF and nvidia-smi)."""
+    assert apply_lines(f"limit {size}").limit_map == {"all": mib}
+
+
+def test_gigabyte_equals_1024_mebibytes() -> None:
+    assert apply_lines("limit 1GB 0") == apply_lines("limit 1024MiB 0") == apply_lines("limit 1024 0")
+
+
+def test_edit_returns_new_policy_and_leaves_input_alone() -> None:
+    before = Policy(growth=False)
+    after = parse_line("growth on").change(before)
+    assert before == Policy(growth=False) and after == Policy(growth=True)
+
+
+def test_per_gpu_limits_merge_and_a_plain_limit_replaces_them() -> None:
+    """`limit SIZE GPUS` adds or overrides per GPU; `limit SIZE` alone caps every GPU instead."""
+    merged = apply_lines("limit 1GB 0", "limit 2GB 1", "limit 3GB 0")
+    assert merged.limit_map == {"0": 3072, "1": 2048}
+    assert apply_lines("limit 2GB", policy=merged).limit_map == {"all": 2048}
+
+
+@pytest.mark.parametrize("line, limits", [("limit off", {}), ("limit off 1", {"all": 1024})])
+def test_limit_off(line: str, limits: dict) -> None:
+    assert apply_lines(line, policy=RICH).limit_map == limits
+
+
+def test_limit_off_without_gpus_and_without_a_limit_is_a_no_op() -> None:
+    assert apply_lines("limit off") == Policy()
+
+
+def test_limit_off_list_removes_only_those_gpus() -> None:
+    assert apply_lines("limit 1GB 0-3", "limit off 1,3").limit_map == {"0": 1024, "2": 1024}
+
+
+@pytest.mark.parametrize(
+    "line, splits, cpu",
+    [
+        ("split off", (), None),
+        ("split off 0", (("2", (256,)),), 2),
+        ("split off cpu", RICH.splits, None),
+    ],
+)
+def test_split_off(line: str, splits: tuple, cpu: int | None) -> None:
+    policy = apply_lines(line, policy=RICH)
+    assert (policy.splits, policy.cpu_devices) == (splits, cpu)
+    assert policy.limits == RICH.limits  # a split change leaves the limits alone
+
+
+def test_reset_forgets_everything() -> None:
+    assert apply_lines("reset", policy=RICH).is_empty
+
+
+@pytest.mark.parametrize(
+    "line, action",
+    [
+        ("", Action("status")),
+        ("   ", Action("status")),
+        ("# only a comment", Action("status")),
+        ("status", Action("status")),
+        ("apply", Action("apply")),
+        ("restart", Action("restart")),
+        ("export", Action("export", "python")),
+        ("export python", Action("export", "python")),
+        ("export env", Action("export", "env")),
+        ("export JSON", Action("export", "json")),
+    ],
+)
+def test_actions(line: str, action: Action) -> None:
+    assert parse_line(line) == action
+
+
+def test_trailing_comment_is_ignored() -> None:
+    assert apply_lines("limit 1GB 0  # the small card") == apply_lines("limit 1GB 0")
+
+
+# ----- cells ------------------------------------------------------------------------------------
+def test_cell_with_comments_and_blank_lines() -> None:
+    cell = "# the shared box\n\ngrowth on\n   \nlimit 1GB 0  # small card\n\nsplit cpu 2\n"
+    edits = parse_cell(cell)
+    assert [edit.text for edit in edits] == ["growth on", "limit 1GB 0", "split cpu 2"]
+    policy = Policy()
+    for edit in edits:
+        policy = edit.change(policy)
+    assert policy == Policy(growth=True, limits=(("0", 1024),), cpu_devices=2)
+
+
+def test_empty_cell_has_no_edits() -> None:
+    assert parse_cell("\n# nothing\n\n") == []
+
+
+@pytest.mark.parametrize(
+    "cell, expect",
+    [
+        ("growth on\n\nlimit 0\n", "line 3: "),
+        ("# c\nfoo bar\n", "line 2: unknown directive 'foo'"),
+        ("growth on\nexport json\n", "line 2: `export` is not allowed in a %%tfgpu cell"),
+        ("status\n", "line 1: `status` is not allowed"),
+    ],
+)
+def test_cell_error_names_the_line(cell: str, expect: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        parse_cell(cell)
+    assert expect in str(info.value) and "\n" not in str(info.value)
+
+
+# ----- bad input --------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", params("grammar"))
+def test_bad_line_is_one_line_policy_error(case) -> None:  # noqa: ANN001
+    """Each malformed or contradictory line raises PolicyError with one line naming the problem."""
+    policy = apply_lines(*case.setup)
+    with pytest.raises(PolicyError) as info:
+        apply_lines(case.line, policy=policy)
+    message = str(info.value)
+    assert case.expect in message
+    assert "\n" not in message and message.strip() == message
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: `split WORD` interpolates the word unquoted, so a quoted newline "
+                   "in it makes a two-line message")
+def test_quoted_newline_stays_out_of_the_message() -> None:
+    with pytest.raises(PolicyError) as info:
+        parse_line("split 'a\nb'")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "line, ok",
+    [
+        ("split 0", True),
+        pytest.param("split cpu", True, marks=pytest.mark.xfail(
+            strict=True, reason="BUG: the message for `split cpu` suggests `split cpu 2x2GB`, which is invalid")),
+    ],
+)
+def test_suggested_example_is_valid(line: str, ok: bool) -> None:
+    """An error that says `e.g. ...` suggests a directive that parses."""
+    with pytest.raises(PolicyError) as info:
+        parse_line(line)
+    example = re.search(r"e\.g\. `([^`]+)`", str(info.value))
+    assert example is not None
+    assert isinstance(parse_line(example.group(1)), Edit) is ok
+
+
+# ----- property: any line is a directive or a PolicyError ---------------------------------------
+_LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_CHARS = st.characters(blacklist_categories=("Cs",), blacklist_characters=_LINE_BREAKS).filter(
+    # digits like '²' crash the parser: covered by the xfail cases `split cpu ²` and `visible ²`
+    lambda c: c.isdecimal() or not c.isdigit()
+)
+VALID = [
+    "growth on", "limit 4096 0", "limit 1.5GB 0-3", "limit off 1", "visible 2,3", "visible none",
+    "split 0 2x2GB", "split 1 1GB,3GB", "split cpu 3", "split off cpu", "allocator async", "reset",
+    "export json", "limit 1GB GPU-8932f937",
+]
+TOKENS = ["growth", "limit", "visible", "split", "off", "all", "none", "cpu", "0", "-1", "0-3", "3-1", "0,,1",
+          "2x", "x2GB", "50%", "1e3", "inf", "'", '"', "#", ",", "99999999999", "GPU-", "1GB,", "×"]
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> str:
+    """A valid line with a few words dropped, repeated, swapped or replaced."""
+    words = draw(st.sampled_from(VALID)).split()
+    for _ in range(draw(st.integers(1, 3))):
+        at = draw(st.integers(0, len(words)))
+        kind = draw(st.sampled_from(["drop", "dup", "token", "text", "swap"]))
+        if kind == "drop" and words:
+            del words[min(at, len(words) - 1)]
+        elif kind == "dup" and words:
+            words.insert(at, words[min(at, len(words) - 1)])
+        elif kind == "swap" and len(words) > 1:
+            words[0], words[-1] = words[-1], words[0]
+        elif kind == "token":
+            words.insert(at, draw(st.sampled_from(TOKENS)))
+        else:
+            words.insert(at, draw(st.text(_CHARS, min_size=1, max_size=6)))
+    return " ".join(words)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(_CHARS, max_size=40), mutated()))
+def test_any_line_is_a_directive_or_a_policy_error(line: str) -> None:
+    try:
+        directive = parse_line(line)
+    except PolicyError as err:
+        assert "\n" not in str(err)
+        return
+    assert isinstance(directive, (Edit, Action))
+    if isinstance(directive, Edit):
+        for base in (Policy(), RICH):
+            try:
+                result = directive.change(base)
+            except PolicyError:
+                continue
+            assert isinstance(result, Policy)
+            result.validate()

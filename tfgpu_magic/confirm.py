@@ -1,0 +1,24 @@
+"""The confirmation step of `%tfgpu restart` in a notebook: one button, shown once."""
+
+from __future__ import annotations
+
+import html
+from typing import Callable
+
+
+def show_restart_button(summary: str, restart: Callable[[], str]) -> None:
+    """Display `summary` and a "Restart kernel and apply" button that calls `restart` once."""
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    button = widgets.Button(description="Restart kernel and apply", button_style="danger", icon="refresh")
+    output = widgets.Output()
+
+    def on_click(_: widgets.Button) -> None:
+        button.disabled = True
+        with output:
+            print(restart())
+
+    button.on_click(on_click)
+    display(widgets.VBox([widgets.HTML(f"<pre>{html.escape(summary)}</pre>"), button, output]))
+

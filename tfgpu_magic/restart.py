@@ -1,0 +1,167 @@
+"""Restart this kernel and re-apply the policy in the new one: the only module that talks to Jupyter.
+
+Routes, in order (facts in DESIGN.md §3):
+1. a Jupyter server owns this kernel → `POST /api/kernels/{id}/restart` with that server's token;
+2. no server, but the kernel was started with `TFGPU_MAGIC_RESTART=exit` (a manager that restarts
+   dead kernels; such a manager cannot be detected from inside the kernel) → exit cleanly;
+3. otherwise (nbclient, VS Code, terminal IPython) → never kill the kernel; say what to do.
+In routes 1 and 2 a detached helper (`python -m tfgpu_magic.reapply`) waits for the old kernel to go,
+connects to the same connection file and runs `%load_ext tfgpu_magic` in the new kernel, which takes
+the pending policy stored for this kernel id. Tokens are never printed or logged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import persist
+from .policy import Policy
+
+RESTART_ENV = "TFGPU_MAGIC_RESTART"
+REQUEST_DELAY = 0.5
+"""Seconds to wait before asking for the restart, so the cell's reply reaches the front end first."""
+HTTP_TIMEOUT = 3.0
+
+
+@dataclass(frozen=True)
+class KernelRef:
+    """This kernel as Jupyter knows it."""
+
+    kernel_id: str
+    connection_file: str
+
+
+@dataclass(frozen=True)
+class Server:
+    """A Jupyter server that owns this kernel. `repr` hides the token."""
+
+    url: str
+    token: str
+    hub_token: str = ""
+
+    def __repr__(self) -> str:
+        return f"Server(url={self.url!r})"
+
+    def request(self, method: str, path: str) -> Any:
+        """An authenticated request; returns the decoded JSON reply (or None when empty).
+
+        Raises OSError (urllib's URLError is one) when the server cannot be reached or refuses."""
+        import urllib.request  # not at import time: %load_ext must stay cheap
+
+        request = urllib.request.Request(self.url.rstrip("/") + "/" + path.lstrip("/"), method=method)
+        if self.token or self.hub_token:
+            request.add_header("Authorization", f"token {self.token or self.hub_token}")
+        if method == "POST":
+            request.data = b"{}"
+            request.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as reply:  # noqa: S310 (local URL)
+            body = reply.read()
+        return json.loads(body) if body else None
+
+
+@dataclass(frozen=True)
+class Route:
+    """How this kernel can be restarted: `server`, `exit` or `none`, and why."""
+
+    kind: str
+    reason: str
+    server: Server | None = None
+
+
+def current_kernel(shell: Any) -> KernelRef | None:
+    """This kernel's id and connection file, None outside an ipykernel kernel."""
+    if getattr(shell, "kernel", None) is None:
+        return None
+    try:
+        from ipykernel.connect import get_connection_file
+
+        connection_file = get_connection_file()
+    except (ImportError, RuntimeError, OSError):
+        return None
+    name = Path(connection_file).name
+    if not (name.startswith("kernel-") and name.endswith(".json")):
+        return None
+    return KernelRef(name[len("kernel-") : -len(".json")], connection_file)
+
+
+def find_server(kernel_id: str, runtime_dir: Path | None = None) -> Server | None:
+    """The running Jupyter server that owns kernel `kernel_id`, from its `jpserver-*.json`."""
+    directory = runtime_dir or persist.runtime_dir()
+    try:
+        infos = sorted(directory.glob("jpserver-*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    except OSError:
+        return None
+    for path in infos:
+        try:
+            info = json.loads(path.read_text(encoding="utf-8"))
+            server = Server(str(info["url"]), str(info.get("token", "")), os.environ.get("JUPYTERHUB_API_TOKEN", ""))
+            server.request("GET", f"api/kernels/{kernel_id}")
+        except (OSError, ValueError, KeyError):
+            continue
+        return server
+    return None
+
+
+def choose_route(kernel: KernelRef | None) -> Route:
+    """The restart route for this kernel (see the module docstring)."""
+    if kernel is None:
+        return Route("none", "this is not a Jupyter kernel (terminal IPython): restart IPython yourself")
+    server = find_server(kernel.kernel_id)
+    if server is not None:
+        return Route("server", "the Jupyter server that owns this kernel restarts it", server)
+    if os.environ.get(RESTART_ENV) == "exit":
+        return Route("exit", f"{RESTART_ENV}=exit: the kernel exits and its manager starts it again")
+    return Route(
+        "none",
+        "no Jupyter server owns this kernel (nbclient, VS Code or another front end), so nothing "
+        "would bring it back: restart it from your front end",
+    )
+
+
+def restart_and_apply(shell: Any, policy: Policy) -> str:
+    """Store `policy` for this kernel, restart it if something will bring it back, and say what happened."""
+    kernel = current_kernel(shell)
+    route = choose_route(kernel)
+    if kernel is None:
+        return f"Not restarted: {route.reason}. `%tfgpu export` gives the policy as code."
+    try:
+        persist.store_pending(kernel.kernel_id, policy)
+    except OSError as err:
+        return f"Not restarted: could not store the policy in {persist.runtime_dir()}: {err}"
+    if route.kind == "none":
+        return f"Not restarted: {route.reason}. The policy is stored; `%load_ext tfgpu_magic` applies it there."
+    spawn_reapplier(kernel.connection_file, os.getpid())
+    if route.kind == "server":
+        assert route.server is not None
+        threading.Thread(target=_post_restart, args=(route.server, kernel.kernel_id), daemon=True).start()
+    else:
+        shell.kernel.do_shutdown(True)
+    return "Restarting the kernel; the policy will be in force in the new kernel before your next cell."
+
+
+def _post_restart(server: Server, kernel_id: str) -> None:
+    time.sleep(REQUEST_DELAY)
+    try:
+        server.request("POST", f"api/kernels/{kernel_id}/restart")
+    except OSError as err:
+        print(f"tfgpu_magic: the server refused the restart: {err}", file=sys.__stderr__)
+
+
+def spawn_reapplier(connection_file: str, old_pid: int) -> subprocess.Popen:
+    """Start the detached helper that re-applies the policy in the restarted kernel."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tfgpu_magic.reapply", connection_file, str(old_pid)],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        close_fds=True,
+    )
