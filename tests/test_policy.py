@@ -300,40 +300,37 @@ def run_exported(policy: Policy, gpus: int, environ: dict, monkeypatch: pytest.M
     return fake
 
 
+LEFTOVER = {GROWTH_ENV: "false"}
+"""Set before the script runs: growth policies must remove it, the others leave it."""
+PCI = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
 @pytest.mark.parametrize(
     "lines, gpus, env, logical, growth",
     [
-        ((), 1, {}, {}, {}),
-        (("growth on",), 2, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, {}, {"GPU:0": True, "GPU:1": True}),
-        (("growth off",), 1, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, {}, {"GPU:0": False}),
+        ((), 1, LEFTOVER, {}, {}),
+        (("growth on",), 2, PCI, {}, {"GPU:0": True, "GPU:1": True}),
+        (("growth off",), 1, PCI, {}, {"GPU:0": False}),
         (
             ("visible 2,3", "limit 1GB 3", "growth on"),
             2,
-            {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "2,3", GROWTH_ENV: "true"},
+            {**PCI, "CUDA_VISIBLE_DEVICES": "2,3", GROWTH_ENV: "true"},
             {"GPU:1": [1024]},
             {},
         ),
-        (
-            ("limit 512MB", "split 1 2x256MB"),
-            3,
-            {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
-            {"GPU:0": [512], "GPU:1": [256, 256], "GPU:2": [512]},
-            {},
-        ),
-        (("split cpu 3",), 0, {}, {"CPU:0": [None, None, None]}, {}),
+        (("limit 512MB", "split 1 2x256MB"), 3, {**LEFTOVER, **PCI},
+         {"GPU:0": [512], "GPU:1": [256, 256], "GPU:2": [512]}, {}),
+        (("split cpu 3",), 0, LEFTOVER, {"CPU:0": [None, None, None]}, {}),
         (("visible none", "allocator async"), 0,
-         {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "", "TF_GPU_ALLOCATOR": "cuda_malloc_async"},
-         {}, {}),
+         {**LEFTOVER, **PCI, "CUDA_VISIBLE_DEVICES": "", "TF_GPU_ALLOCATOR": "cuda_malloc_async"}, {}, {}),
     ],
 )
 def test_exported_python_realises_the_policy(
     lines: tuple, gpus: int, env: dict, logical: dict, growth: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The script sets the variables and makes the tf.config calls the plan asks for, nothing else."""
-    environ = {GROWTH_ENV: "false"}  # left over from elsewhere: growth policies must override it
+    environ = dict(LEFTOVER)
     fake = run_exported(policy_of(*lines), gpus, environ, monkeypatch)
-    if GROWTH_ENV not in env and not any(line.startswith("growth") for line in lines):
-        env = {**env, GROWTH_ENV: "false"}
     assert environ == env
     assert fake.logical == logical
     assert fake.growth == growth

@@ -109,13 +109,14 @@ class TFGPUMagics(Magics):
     def _restart(self, confirmed: bool) -> str:
         from .restart import restart_and_apply
 
-        if confirmed:
+        if confirmed or getattr(self.shell, "kernel", None) is None:
             return restart_and_apply(self.shell, self.controller.policy)
         pending = pending_lines(self.controller)
-        summary = "\n".join(["Restarting loses every variable of this kernel. Changes to apply:"] + pending
-                            if pending else ["Restarting loses every variable of this kernel."])
-        if getattr(self.shell, "kernel", None) is None:
-            return summary + "\nRun `%tfgpu restart --yes` to go ahead."
+        summary = "\n".join(
+            ["Restarting loses every variable of this kernel." + (" Changes it applies:" if pending else "")]
+            + pending
+            + ["Click the button, or run `%tfgpu restart --yes`."]
+        )
         from .confirm import show_restart_button
 
         show_restart_button(summary, lambda: restart_and_apply(self.shell, self.controller.policy))
