@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import html
 from typing import Callable
 
 
-def show_restart_button(summary: str, restart: Callable[[], str]) -> None:
-    """Display `summary` and a "Restart kernel and apply" button that calls `restart` once."""
+def show_restart_button(restart: Callable[[], str]) -> None:
+    """Display a "Restart kernel and apply" button that calls `restart` once, and its answer."""
     import ipywidgets as widgets
     from IPython.display import display
 
@@ -20,5 +19,5 @@ def show_restart_button(summary: str, restart: Callable[[], str]) -> None:
             print(restart())
 
     button.on_click(on_click)
-    display(widgets.VBox([widgets.HTML(f"<pre>{html.escape(summary)}</pre>"), button, output]))
+    display(widgets.VBox([button, output]))
 

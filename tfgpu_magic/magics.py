@@ -119,7 +119,8 @@ class TFGPUMagics(Magics):
         )
         from .confirm import show_restart_button
 
-        show_restart_button(summary, lambda: restart_and_apply(self.shell, self.controller.policy))
+        print(summary)
+        show_restart_button(lambda: restart_and_apply(self.shell, self.controller.policy))
         return ""
 
     def _profile_dir(self) -> str:
