@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pytest
 
 NOT_A_SIZE = "not a size"
-NO_INVENTORY = "total memory is unknown"
+NO_INVENTORY = "the card's total memory"
 HIGH = "above 1024 GiB"
 
 BUG_SUPERSCRIPT = (
@@ -119,6 +119,8 @@ BAD: list[Bad] = [
     Bad("visible 1.5", "not a GPU: '1.5'"),
     Bad("visible ²", "not a GPU", bugs={"grammar": BUG_SUPERSCRIPT, "magic": BUG_SUPERSCRIPT}),
     Bad("split off 9x", "not a GPU: '9x'"),
+    Bad("visible auto", "`visible auto` needs the GPU inventory"),
+    Bad("visible auto:0", "1 to 64, got 0"),
     # removing what is not there
     Bad("limit off 0", "has no limit of its own"),
     Bad("limit off 0", "a limit on all GPUs stays", setup=("limit 1GB",)),

@@ -64,10 +64,14 @@ def _report(report: Any) -> dict[str, Any]:
     return data
 
 
+def _initialize(api: Any) -> None:
+    api.initialize()
+
+
 OPS = {
     "state": lambda api: list(dataclasses.astuple(api.state())),
     "list": lambda api, kind: _names(api, api.devices(kind)),
-    "init": lambda api: api.initialize() and None,
+    "init": lambda api: _initialize(api),
     "cpus": lambda api: api.cpus_in_force(),
     "get_growth": lambda api, name: api.get_growth(device(name)),
     "set_growth": lambda api, name, enable: api.set_growth(device(name), enable),
@@ -101,19 +105,15 @@ print("OUTCOMES " + json.dumps(run_steps(RealTF(), json.loads(sys.argv[2]))))
 """
 
 
-def start_real(calls: list[list[Any]]) -> subprocess.Popen:
-    """Run `calls` against real TensorFlow in a fresh interpreter."""
+def run_real(calls: list[list[Any]]) -> list[list[Any]]:
+    """Outcomes of `calls` on real TensorFlow, in one fresh interpreter."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.Popen(
+    done = subprocess.run(
         [sys.executable, "-c", SUBPROCESS, str(TESTS_DIR), json.dumps(calls)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=TESTS_DIR.parent,
+        capture_output=True, text=True, env=env, cwd=TESTS_DIR.parent, timeout=TF_TIMEOUT,
     )
-
-
-def finish_real(process: subprocess.Popen) -> list[list[Any]]:
-    out, err = process.communicate(timeout=TF_TIMEOUT)
-    lines = [line for line in out.splitlines() if line.startswith("OUTCOMES ")]
-    assert process.returncode == 0 and lines, f"TensorFlow subprocess failed:\n{err[-3000:]}"
+    lines = [line for line in done.stdout.splitlines() if line.startswith("OUTCOMES ")]
+    assert done.returncode == 0 and lines, f"TensorFlow subprocess failed:\n{done.stderr[-3000:]}"
     return json.loads(lines[-1].removeprefix("OUTCOMES "))
 
 
@@ -135,6 +135,8 @@ def report(**fields: list[str]) -> tuple:
 
 
 THREE = [None, None, None]
+VIRTUAL_LOCKED = "Virtual devices cannot be modified after being initialized"
+VISIBLE_LOCKED = "Visible devices cannot be modified after being initialized"
 
 RULES = [
     Step("imported, nothing listed", ("state",), ok([True, False, False])),
@@ -164,11 +166,11 @@ RULES = [
     Step("initialized", ("state",), ok([True, True, True])),
     Step("3 logical CPUs in force", ("cpus",), ok(3)),
     Step("identical split after init", ("set_logical", "CPU:0", THREE), ok()),
-    Step("other split after init", ("set_logical", "CPU:0", [None, None]), ("RuntimeError", "Virtual devices cannot be modified after being initialized")),
+    Step("other split after init", ("set_logical", "CPU:0", [None, None]), ("RuntimeError", VIRTUAL_LOCKED)),
     Step("limit checked before lock", ("set_logical", "CPU:0", [512]), ("ValueError", "memory limit on CPU")),
     Step("config unchanged", ("get_logical", "CPU:0"), ok(THREE)),
     Step("identical visible after init", ("set_visible", ["CPU:0"], "CPU"), ok()),
-    Step("hide CPU after init", ("set_visible", [], "CPU"), ("RuntimeError", "Visible devices cannot be modified after being initialized")),
+    Step("hide CPU after init", ("set_visible", [], "CPU"), ("RuntimeError", VISIBLE_LOCKED)),
     Step("CPU still visible", ("get_visible", "CPU"), ok(["CPU:0"])),
     Step("growth on CPU after init", ("set_growth", "CPU:0", True), ("ValueError", "virtual devices configured")),
     Step("still 3 in force", ("cpus",), ok(3)),
@@ -185,7 +187,8 @@ APPLY = [
     Step("first op", ("init",), ok()),
     Step("3 CPUs in force", ("cpus",), ok(3)),
     Step("identical after init", ("apply", CPU3), report(applied=[], locked=[], failed=[])),
-    Step("different after init", ("apply", {"cpu_devices": 2}), report(applied=[], locked=["3 logical devices → 2"], failed=[])),
+    Step("different after init", ("apply", {"cpu_devices": 2}),
+         report(applied=[], locked=["3 logical devices → 2"], failed=[])),
     Step("split off after init", ("apply", {"cpu_devices": 1}), report(applied=[], locked=["→ 1 logical devices"])),
     Step("nothing changed", ("get_logical", "CPU:0"), ok(THREE)),
     Step("still 3 in force", ("cpus",), ok(3)),
@@ -196,12 +199,9 @@ SCENARIOS = {"rules": RULES, "apply_plan": APPLY}
 
 @pytest.fixture(scope="module")
 def outcomes() -> dict[str, tuple[list, list]]:
-    """(real, fake) outcomes of every scenario; the real ones from fresh processes run side by side."""
-    processes = {name: start_real([list(s.call) for s in steps]) for name, steps in SCENARIOS.items()}
-    return {
-        name: (finish_real(processes[name]), run_steps(ParityFake(0), [list(s.call) for s in steps]))
-        for name, steps in SCENARIOS.items()
-    }
+    """(real, fake) outcomes of every scenario; each scenario runs in its own fresh TF process."""
+    calls = {name: [list(step.call) for step in steps] for name, steps in SCENARIOS.items()}
+    return {name: (run_real(calls[name]), run_steps(ParityFake(0), calls[name])) for name in SCENARIOS}
 
 
 def matches(outcome: list, want: tuple) -> bool:
@@ -231,9 +231,3 @@ def test_fake_matches_tensorflow(outcomes: dict, scenario: str, index: int) -> N
     assert matches(real, step.want), f"TensorFlow itself: {real}, scenario expects {step.want}"
     assert fake == real
 
-
-def test_device_repr_matches_tensorflow(outcomes: dict) -> None:
-    """Error messages name devices exactly as TensorFlow does (namedtuple repr)."""
-    real, _ = outcomes["rules"]
-    unknown = next(o for o in real if o[0] == "ValueError" and "Unrecognized" in o[1])
-    assert unknown[1] == f"Unrecognized device: {device('GPU:0')!r}"

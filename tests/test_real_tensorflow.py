@@ -187,6 +187,7 @@ def test_exported_env_sourced_in_bash(tmp_path, directives, inherited, expected)
     assert result_of(proc) == {**NO_ENV, **expected}
 
 
+@pytest.mark.xfail(strict=True, reason="BUG: export drops a limit/split on a GPU given by UUID (no `visible`) silently")
 def test_exported_python_names_a_gpu_it_cannot_carry():
     """A limit on a GPU given by UUID must not vanish from the exported script without a word."""
     policy = policy_of("limit 2GB GPU-8932f937")

@@ -14,7 +14,8 @@ from typing import Callable, Iterable, MutableMapping
 from . import importhook
 from .errors import PolicyError
 from .grammar import Edit, GpuCatalog, parse_line
-from .plan import CUDA_ENV, OUR_ENV, Plan, build_plan
+from .inventory import InventoryCatalog
+from .plan import CUDA_ENV, OUR_ENV, Plan, build_plan, gpu_refs
 from .policy import Policy
 from .runtime import ApplyReport, ConfigAPI, TensorFlowConfig, apply_plan
 
@@ -33,7 +34,7 @@ class Controller:
     ) -> None:
         self.api: ConfigAPI = api or TensorFlowConfig()
         self.environ = os.environ if environ is None else environ
-        self.catalog = catalog
+        self.catalog: GpuCatalog = catalog if catalog is not None else InventoryCatalog()
         self.policy = Policy()
         self.last_report: ApplyReport | None = None
         self._original_env: dict[str, str | None] = {}
@@ -76,7 +77,9 @@ class Controller:
         """The plan for the current policy, for TensorFlow as it is now in this process."""
         state = self.api.state()
         inherited = self.environ.get("CUDA_VISIBLE_DEVICES") if state.devices_listed else self._inherited_cvd()
-        return build_plan(self.policy, inherited, cuda_started=state.devices_listed)
+        uuids = [ref for ref in gpu_refs(self.policy) if not ref.isdigit()]
+        aliases = self.catalog.uuid_to_index() if uuids and hasattr(self.catalog, "uuid_to_index") else None
+        return build_plan(self.policy, inherited, cuda_started=state.devices_listed, aliases=aliases)
 
     def apply(self) -> ApplyReport:
         """Apply the policy now as far as TensorFlow allows; arm the import hook if TF is not loaded."""

@@ -11,7 +11,7 @@ from .errors import PolicyError
 from .policy import ALL_GPUS, ALLOCATORS, MAX_MIB, MAX_VIRTUAL_DEVICES, Policy, sort_gpu_items
 
 MAX_GPU_INDEX = 255
-ACTIONS = ("status", "apply", "export", "restart", "default", "autoload", "kernelspec")
+ACTIONS = ("status", "apply", "export", "restart", "doctor", "default", "autoload", "kernelspec")
 CHOICES = {"export": ("python", "env", "json"), "default": ("save", "clear", "show"), "autoload": ("on", "off")}
 EDITS = ("growth", "limit", "visible", "split", "allocator", "reset")
 
@@ -32,6 +32,12 @@ class GpuCatalog(Protocol):
 
     def refs(self) -> list[str]:
         """Every GPU, nvidia-smi order."""
+
+    def is_mig(self, ref: str) -> bool:
+        """True if `ref` is a MIG instance."""
+
+    def by_free_memory(self) -> list:
+        """GPUs (with `.uuid`, `.index`, `.memory_free_mib`, `.utilization_pct`), freest first."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,7 @@ def parse_words(words: Sequence[str], catalog: GpuCatalog | None = None) -> Dire
         return Action("status")
     head, args = words[0].lower(), list(words[1:])
     text = " ".join(words)
-    if head in ("status", "apply", "restart"):
+    if head in ("status", "apply", "restart", "doctor"):
         _expect(head, args, 0, 0)
         return Action(head)
     if head in CHOICES:
@@ -159,11 +165,35 @@ def _visible(args: list[str], catalog: GpuCatalog | None) -> Callable[[Policy], 
     _expect("visible", args, 1, 1, "GPUS | all | none")
     word = args[0].lower()
     if word == "all":
-        return lambda policy: policy.replace(visible=None)
+        return lambda policy: policy.replace(visible=None, sources=())
     if word == "none":
-        return lambda policy: policy.replace(visible=())
+        return lambda policy: policy.replace(visible=(), sources=())
+    if word == "auto" or word.startswith("auto:"):
+        gpus, why = _auto_pick(word, catalog)
+        return lambda policy: policy.replace(visible=gpus, sources=(("visible", why),))
     gpus = parse_gpus(args[0], catalog)
-    return lambda policy: policy.replace(visible=gpus)
+    migs = [gpu for gpu in gpus if catalog.is_mig(gpu)] if catalog is not None else []
+    if len(migs) > 1:
+        raise PolicyError(
+            f"visible: {len(migs)} MIG instances given, but CUDA uses only one MIG instance per process; "
+            "pick one (or run one kernel per instance)"
+        )
+    return lambda policy: policy.replace(visible=gpus, sources=())
+
+
+def _auto_pick(word: str, catalog: GpuCatalog | None) -> tuple[tuple[str, ...], str]:
+    """`auto[:N]`: the N GPUs with the most free memory, pinned by UUID, and why they were picked."""
+    count = parse_count(word.partition(":")[2] or "1", "visible auto:N")
+    if catalog is None:
+        raise PolicyError("`visible auto` needs the GPU inventory (an NVIDIA driver and nvidia-ml-py)")
+    ranked = catalog.by_free_memory()
+    if len(ranked) < count:
+        raise PolicyError(f"visible auto:{count}: this machine has only {len(ranked)} GPU(s)")
+    picked = ranked[:count]
+    why = "auto picked " + ", ".join(
+        f"GPU {g.index} ({g.memory_free_mib} MiB free, {g.utilization_pct}% busy)" for g in picked
+    )
+    return tuple(g.uuid for g in picked), why
 
 
 def _split(args: list[str], catalog: GpuCatalog | None) -> Callable[[Policy], Policy]:
@@ -258,15 +288,12 @@ def _per_gpu_mib(size: float, catalog: GpuCatalog | None, gpus: tuple[str, ...] 
     if not _is_percent(size):
         return [(gpu, int(size)) for gpu in gpus or ()]
     if catalog is None:
-        raise PolicyError(
-            f"{size:g}%: the card's total memory is unknown (needs the GPU inventory: an NVIDIA driver "
-            "and `pip install nvidia-ml-py`); give the size in MiB or GB instead"
-        )
+        raise PolicyError(f"{size:g}%: the card's total memory is unknown; give the size in MiB or GB instead")
     entries = []
     for gpu in gpus if gpus is not None else tuple(catalog.refs()):
         total = catalog.total_mib(gpu)
         if total is None:
-            raise PolicyError(f"{size:g}%: total memory of GPU {gpu} is unknown; give the size in MiB or GB")
+            raise PolicyError(f"{size:g}%: the card's total memory of GPU {gpu} is unknown; give MiB or GB")
         entries.append((gpu, max(1, int(total * size / 100))))
     if not entries:
         raise PolicyError(f"{size:g}%: there is no GPU to take a percentage of")

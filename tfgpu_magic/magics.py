@@ -40,7 +40,7 @@ class TFGPUMagics(Magics):
         nargs="*",
         help="growth all|on|off; limit SIZE|off [GPUS]; visible GPUS|all|none; "
         "split GPU COUNTxSIZE | GPU SIZE,SIZE,... | cpu COUNT | off [GPU|cpu]; allocator bfc|async; "
-        "reset; apply; export [python|env|json]; restart; default save|clear|show; autoload on|off; "
+        "reset; apply; export [python|env|json]; restart; doctor; default save|clear|show; autoload on|off; "
         "kernelspec NAME. Nothing: show the status.",
     )
     @argument("--yes", action="store_true", help="with restart: restart now, without asking")
@@ -57,6 +57,7 @@ class TFGPUMagics(Magics):
           %tfgpu limit SIZE [GPUS]         hard memory cap on each listed GPU (default: every GPU)
           %tfgpu limit off [GPUS]
           %tfgpu visible GPUS | all | none which GPUs this kernel may use
+          %tfgpu visible auto[:N]          the N GPUs with the most free memory (pinned by UUID)
           %tfgpu split GPU COUNTxSIZE      virtual GPUs on one GPU, e.g. split 0 2x2GB
           %tfgpu split GPU SIZE,SIZE,...   e.g. split 0 1GB,3GB
           %tfgpu split cpu COUNT           COUNT logical CPU devices
@@ -66,12 +67,14 @@ class TFGPUMagics(Magics):
           %tfgpu apply                     apply now if TensorFlow allows it (normally automatic)
           %tfgpu export [python|env|json]  the equivalent standalone code
           %tfgpu restart [--yes]           restart the kernel with the policy in force
+          %tfgpu doctor                    why TensorFlow does (not) see a GPU, with fixes
           %tfgpu default save|clear|show   the policy every kernel starts with
           %tfgpu autoload on | off         load this extension in every new kernel of the profile
           %tfgpu kernelspec NAME [--display-name TEXT] [--remove]
                                            a Jupyter kernel that starts with this policy
 
-        SIZE: MiB (4096) or 512MB, 1.5GB, 2GiB, 3G (binary units, like TF and nvidia-smi).
+        SIZE: MiB (4096) or 512MB, 1.5GB, 2GiB, 3G (binary units, like TF and nvidia-smi), or NN%
+        of the card's memory (needs the NVML inventory).
         GPUS: indices in nvidia-smi order (0,2 or 0-3), GPU UUIDs or unique UUID prefixes.
         Growth together with a limit or split is realised through TF_FORCE_GPU_ALLOW_GROWTH=true
         (TensorFlow refuses set_memory_growth on a GPU with logical devices).
@@ -98,6 +101,7 @@ class TFGPUMagics(Magics):
             "apply": lambda: describe_report(self.controller.apply()),
             "export": lambda: export(self.controller.policy, action.arg or "python").rstrip("\n"),
             "restart": lambda: self._restart(args.yes),
+            "doctor": lambda: _doctor(self.controller),
             "default": lambda: self._default(action.arg or "show"),
             "autoload": lambda: persist.set_autoload(self._profile_dir(), action.arg == "on"),
             "kernelspec": lambda: self._kernelspec(action.arg or "", args.display_name, args.remove),
@@ -146,6 +150,12 @@ class TFGPUMagics(Magics):
             return f"Removed kernelspec {name!r} ({kernelspec.remove(name)})."
         where = kernelspec.install(name, self.controller.policy, display_name)
         return f"Installed kernelspec {name!r} in {where}; pick it in the launcher for a kernel with this policy."
+
+
+def _doctor(controller: Controller) -> str:
+    from .doctor import doctor
+
+    return doctor(controller)
 
 
 def _check_options(args: Any, directive: Any) -> None:

@@ -7,8 +7,9 @@ so they cannot disagree.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
+from .cudaenv import parse_cuda_visible
 from .policy import ALL_GPUS, ALLOCATORS, Policy
 
 OUR_ENV = (
@@ -61,6 +62,12 @@ class Plan:
         return bool(self.gpu_configs) or self.cpu_devices is not None
 
 
+def gpu_refs(policy: Policy) -> list[str]:
+    """Every GPU the policy names (not `all`)."""
+    named = list(policy.visible or ()) + [gpu for gpu, _ in policy.limits + policy.splits]
+    return [gpu for gpu in named if gpu != ALL_GPUS]
+
+
 def uses_gpu_settings(policy: Policy) -> bool:
     return bool(
         policy.visible is not None or policy.growth is not None or policy.limits or policy.splits or policy.allocator
@@ -73,21 +80,31 @@ def visible_order(policy: Policy, inherited: str | None) -> list[str] | None:
         return list(policy.visible)
     if inherited is None:
         return None
-    return [token.strip() for token in inherited.split(",") if token.strip()]
+    return list(parse_cuda_visible(inherited).entries)
 
 
-def tf_index(ref: str, order: Sequence[str] | None) -> int | None:
-    """TensorFlow's index for GPU `ref` (nvidia-smi index or UUID), None if it cannot be known."""
+def tf_index(ref: str, order: Sequence[str] | None, aliases: Mapping[str, str] | None = None) -> int | None:
+    """TensorFlow's index for GPU `ref` (nvidia-smi index or UUID), None if it cannot be known.
+
+    `aliases` maps GPU UUIDs to nvidia-smi indices (from the inventory)."""
+    aliases = aliases or {}
+    ref = aliases.get(ref, ref)
     if order is None:
         return int(ref) if ref.isdigit() else None
-    return list(order).index(ref) if ref in order else None
+    canonical = [aliases.get(entry, entry) for entry in order]
+    return canonical.index(ref) if ref in canonical else None
 
 
-def build_plan(policy: Policy, inherited_visible: str | None = None, cuda_started: bool = False) -> Plan:
+def build_plan(
+    policy: Policy,
+    inherited_visible: str | None = None,
+    cuda_started: bool = False,
+    aliases: Mapping[str, str] | None = None,
+) -> Plan:
     """The plan for `policy`.
 
     `inherited_visible` is `CUDA_VISIBLE_DEVICES` as CUDA will see it apart from this policy (or, once
-    CUDA has started, as it saw it). Once CUDA has started, `CUDA_*` variables are too late: GPUs are
+    CUDA has started, as it saw it); `aliases` maps GPU UUIDs to indices. Once CUDA has started, `CUDA_*` variables are too late: GPUs are
     hidden through `tf.config.set_visible_devices` instead.
     """
     env: dict[str, str | None] = {}
@@ -97,7 +114,7 @@ def build_plan(policy: Policy, inherited_visible: str | None = None, cuda_starte
     if cuda_started:
         order = visible_order(Policy(), inherited_visible)
         if policy.visible is not None:
-            indices = [tf_index(ref, order) for ref in policy.visible]
+            indices = [tf_index(ref, order, aliases) for ref in policy.visible]
             unresolved += [ref for ref, index in zip(policy.visible, indices) if index is None]
             visible_gpus = tuple(index for index in indices if index is not None)
             notes.append("CUDA has already started: GPUs are hidden through tf.config.set_visible_devices")
@@ -115,7 +132,7 @@ def build_plan(policy: Policy, inherited_visible: str | None = None, cuda_starte
         if ref == ALL_GPUS:
             gpu_configs.append((None, sizes))
             continue
-        index = tf_index(ref, order)
+        index = tf_index(ref, order, aliases)
         if index is None:
             unresolved.append(ref)
         else:

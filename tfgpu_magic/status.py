@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from .plan import OUR_ENV
 from .policy import ALL_GPUS, Policy
+from .inventory import Inventory, cached_inventory
 from .runtime import ApplyReport, pending_changes, recorded_settings
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ def describe_status(controller: Controller) -> str:
     env = [f"{name}={controller.environ[name]}" for name in OUR_ENV if name in controller.environ]
     lines.append("Environment: " + (", ".join(env) if env else "none of CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, "
                                     "TF_GPU_ALLOCATOR, TF_FORCE_GPU_ALLOW_GROWTH set"))
+    lines += describe_gpus(cached_inventory())
     if state.imported:
         recorded = recorded_settings(controller.api)
         lines.append("TensorFlow recorded:" + ("" if recorded else " nothing yet (devices not listed)"))
@@ -78,6 +80,30 @@ def describe_status(controller: Controller) -> str:
         lines += pending
     lines += [f"Note: {note}" for note in controller.plan().notes]
     return "\n".join(lines)
+
+
+def describe_gpus(inventory: Inventory) -> list[str]:
+    """Live memory per GPU and per process, nvidia-smi numbering; why there is no list if none."""
+    if not inventory.available:
+        return [f"GPUs: no NVML inventory ({inventory.error})"]
+    if not inventory.gpus:
+        return ["GPUs: NVML sees none"]
+    lines = [f"GPUs (NVML, driver {inventory.driver_version}, nvidia-smi numbering):"]
+    for gpu in inventory.gpus:
+        busy = "" if gpu.utilization_pct is None else f", {gpu.utilization_pct}% busy"
+        lines.append(
+            f"  {gpu.index}  {gpu.name}  {_mib(gpu.memory_used_mib)} / {_mib(gpu.memory_total_mib)} MiB used"
+            f"{busy}  {gpu.uuid}"
+        )
+        for mig in gpu.mig_devices:
+            lines.append(f"       MIG {mig.uuid}  {_mib(mig.memory_total_mib)} MiB")
+        for proc in gpu.processes:
+            lines.append(f"       pid {proc.pid}: {_mib(proc.used_mib)} MiB{' (this kernel)' if proc.is_self else ''}")
+    return lines
+
+
+def _mib(value: int | None) -> str:
+    return "?" if value is None else str(value)
 
 
 def pending_lines(controller: Controller) -> list[str]:

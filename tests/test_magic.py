@@ -1,0 +1,251 @@
+"""`%tfgpu` and `%%tfgpu` on a real IPython shell. TensorFlow is never imported in this process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Callable, Iterator
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.profiledir import ProfileDir
+from IPython.testing.globalipapp import get_ipython
+from traitlets.config import Config
+
+import tfgpu_magic
+import tfgpu_magic.magics
+from cases import params
+from tfgpu_magic import importhook
+from tfgpu_magic.controller import Controller
+from tfgpu_magic.inventory import Inventory, InventoryCatalog
+from tfgpu_magic.magics import TFGPUMagics
+from tfgpu_magic.plan import OUR_ENV
+from tfgpu_magic.policy import Policy
+
+NO_NVML = "no NVML in these tests"
+
+
+def new_controller(environ: dict | None = None) -> Controller:
+    """A controller over `environ` (not os.environ) and a GPU inventory that is unavailable, as on a
+    machine without an NVIDIA driver, so results do not depend on the machine's GPUs."""
+    catalog = InventoryCatalog(Inventory(error=NO_NVML))
+    return Controller(environ={} if environ is None else environ, catalog=catalog)
+
+
+@pytest.fixture(scope="module")
+def shell(tmp_path_factory):  # noqa: ANN001, ANN201
+    """The test IPython shell, with the extension loaded the way a user loads it (from an empty profile,
+    so no saved default policy reaches os.environ)."""
+    ip = get_ipython()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ip, "profile_dir", ProfileDir.create_profile_dir(str(tmp_path_factory.mktemp("profile"))))
+        ip.run_line_magic("load_ext", "tfgpu_magic")
+    yield ip
+    importhook.disarm()
+
+
+@pytest.fixture
+def make_magic(shell, tmp_path, monkeypatch) -> Iterator[Callable[..., Controller]]:  # noqa: ANN001
+    """Register fresh magics over a private controller (and profile dir); put the old ones back after."""
+    previous = shell.magics_manager.registry["TFGPUMagics"]
+    outside = {name: os.environ.get(name) for name in OUR_ENV}
+    monkeypatch.setattr(shell, "profile_dir", ProfileDir.create_profile_dir(str(tmp_path / "profile")))
+
+    def make(environ: dict | None = None) -> Controller:
+        controller = new_controller(environ)
+        shell.register_magics(TFGPUMagics(shell, controller=controller))
+        return controller
+
+    yield make
+    importhook.disarm()
+    shell.register_magics(previous)
+    assert {name: os.environ.get(name) for name in OUR_ENV} == outside, "the test touched os.environ"
+    assert "tensorflow" not in sys.modules
+
+
+@pytest.fixture
+def controller(make_magic) -> Controller:  # noqa: ANN001
+    return make_magic()
+
+
+@pytest.fixture
+def tfgpu(shell, capsys) -> Callable[[str], str]:  # noqa: ANN001
+    """Run `%tfgpu LINE`, return what it printed."""
+
+    def run(line: str) -> str:
+        capsys.readouterr()
+        shell.run_line_magic("tfgpu", line)
+        return capsys.readouterr().out
+
+    return run
+
+
+def test_load_ext_registers_line_and_cell_magic(shell) -> None:  # noqa: ANN001
+    assert shell.find_line_magic("tfgpu") is not None
+    assert shell.find_cell_magic("tfgpu") is not None
+
+
+def test_edit_updates_policy_environment_and_arms_hook(controller: Controller, tfgpu) -> None:  # noqa: ANN001
+    out = tfgpu("growth on")
+    assert controller.policy == Policy(growth=True)
+    assert controller.environ == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert "applies when TensorFlow is imported" in out
+    assert importhook.is_armed()
+
+
+def test_status_shows_policy_and_tensorflow_state(controller: Controller, tfgpu) -> None:  # noqa: ANN001
+    empty = tfgpu("")
+    assert "TensorFlow: not imported" in empty
+    assert "growth" not in empty
+    tfgpu("growth on")
+    tfgpu("limit 2GB 0")
+    out = tfgpu("")
+    assert "not imported" in out
+    assert "growth on" in out and "limit 2048 MiB on GPU 0" in out
+    assert "TF_FORCE_GPU_ALLOW_GROWTH=true" in out
+    assert tfgpu("status") == out
+
+
+def test_export_prints_code_without_changing_anything(controller: Controller, tfgpu) -> None:  # noqa: ANN001
+    tfgpu("visible 1")
+    tfgpu("growth on")
+    before = (controller.policy, dict(controller.environ))
+    python = tfgpu("export")
+    compile(python, "<export>", "exec")
+    assert "os.environ['CUDA_VISIBLE_DEVICES'] = '1'" in python and "set_memory_growth" in python
+    assert "export CUDA_VISIBLE_DEVICES=1" in tfgpu("export env").splitlines()
+    assert Policy.from_dict(json.loads(tfgpu("export json"))) == controller.policy
+    assert (controller.policy, dict(controller.environ)) == before
+
+
+def test_cell_applies_every_line(shell, controller: Controller, capsys) -> None:  # noqa: ANN001
+    shell.run_cell_magic("tfgpu", "", "# shared box\n\ngrowth on\nlimit 1GB 0  # small card\nsplit cpu 2\n")
+    assert controller.policy == Policy(growth=True, limits=(("0", 1024),), cpu_devices=2)
+    assert controller.environ["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+    assert "applies when TensorFlow is imported" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "line, cell, expect",
+    [
+        ("", "growth on\nlimit 0\nsplit cpu 2\n", "line 2: size '0'"),
+        ("", "growth on\n\nfoo\n", "line 3: unknown directive 'foo'"),
+        ("", "growth on\nexport\n", "line 2: `export` is not allowed"),
+        ("growth on", "split cpu 2\n", "not on the first line"),
+    ],
+)
+def test_bad_cell_changes_nothing(shell, controller: Controller, tfgpu, capsys, line, cell, expect) -> None:  # noqa: ANN001
+    tfgpu("growth off")
+    before = (controller.policy, dict(controller.environ))
+    with pytest.raises(UsageError) as info:
+        shell.run_cell_magic("tfgpu", line, cell)
+    assert expect in str(info.value)
+    assert (controller.policy, dict(controller.environ)) == before
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("case", params("magic"))
+def test_bad_line_is_usage_error_and_changes_nothing(controller: Controller, tfgpu, capsys, case) -> None:  # noqa: ANN001
+    for line in case.setup:
+        tfgpu(line)
+    before = (controller.policy, dict(controller.environ))
+    with pytest.raises(UsageError) as info:
+        tfgpu(case.line)
+    assert case.expect in str(info.value)
+    assert "\n" not in str(info.value)
+    assert (controller.policy, dict(controller.environ)) == before
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("line", ["--foo", "growth on --foo", "-x"])
+def test_unknown_option_is_usage_error(controller: Controller, tfgpu, line: str) -> None:  # noqa: ANN001
+    with pytest.raises(UsageError) as info:
+        tfgpu(line)
+    assert line.split()[-1] in str(info.value)
+    assert controller.policy == Policy() and controller.environ == {}
+
+
+GRAMMAR = ["growth all | on | off", "limit SIZE [GPUS]", "visible GPUS | all | none", "split GPU COUNTxSIZE",
+           "split cpu COUNT", "allocator bfc | async", "export [python|env|json]", "SIZE: MiB (4096)"]
+
+
+def test_help_shows_the_grammar(shell, capsys) -> None:  # noqa: ANN001
+    shell.run_line_magic("pinfo", "%tfgpu")
+    out = capsys.readouterr().out
+    assert [form for form in GRAMMAR if form not in out] == []
+    assert [form for form in GRAMMAR if form not in TFGPUMagics.tfgpu.__doc__] == []
+
+
+@pytest.fixture
+def load_with_config(shell, make_magic, monkeypatch, capsys):  # noqa: ANN001, ANN201
+    """Load the extension into a shell whose config sets `TFGPUMagics.default_policy`."""
+
+    def load(default_policy: list[str]) -> tuple[Controller, str]:
+        controller = new_controller()
+        monkeypatch.setattr(tfgpu_magic.magics, "get_controller", lambda: controller)
+        monkeypatch.setitem(shell.config, "TFGPUMagics", Config(default_policy=default_policy))
+        capsys.readouterr()
+        tfgpu_magic.load_ipython_extension(shell)
+        return controller, capsys.readouterr().out
+
+    return load
+
+
+def test_configured_default_policy_applies_at_load(load_with_config, tfgpu) -> None:  # noqa: ANN001
+    controller, out = load_with_config(["growth on", "split cpu 2"])
+    assert controller.policy == Policy(growth=True, cpu_devices=2)
+    assert controller.environ["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+    assert "default_policy" not in out
+    assert Policy.from_dict(json.loads(tfgpu("export json"))) == controller.policy  # %tfgpu now uses it
+
+
+@pytest.mark.parametrize("default", [["growth maybe"], ["growth on", "limit 0"], ["status"]])
+def test_invalid_default_policy_is_one_line_and_ignored(load_with_config, tfgpu, default) -> None:  # noqa: ANN001
+    controller, out = load_with_config(default)
+    assert len(out.splitlines()) == 1 and "default_policy" in out
+    assert controller.policy == Policy() and controller.environ == {}
+    assert "not imported" in tfgpu("")  # the magic still works
+
+
+def test_reset_restores_variables_the_tool_changed(make_magic, tfgpu) -> None:  # noqa: ANN001
+    outside = {"TF_GPU_ALLOCATOR": "foo", "CUDA_VISIBLE_DEVICES": "3", "HOME": "/home/me"}
+    controller = make_magic(dict(outside))
+    tfgpu("allocator async")
+    tfgpu("visible 0,1")
+    tfgpu("growth on")
+    assert controller.environ == {**outside, "TF_GPU_ALLOCATOR": "cuda_malloc_async", "CUDA_VISIBLE_DEVICES": "0,1",
+                                  "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    tfgpu("reset")
+    assert controller.policy == Policy()
+    assert controller.environ == outside
+
+
+def test_allocator_bfc_unsets_then_reset_restores(make_magic, tfgpu) -> None:  # noqa: ANN001
+    controller = make_magic({"TF_GPU_ALLOCATOR": "foo"})
+    tfgpu("allocator bfc")
+    assert "TF_GPU_ALLOCATOR" not in controller.environ
+    tfgpu("reset")
+    assert controller.environ == {"TF_GPU_ALLOCATOR": "foo"}
+
+
+LOAD_PROBE = """
+import json, sys
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+shell.run_line_magic("load_ext", "tfgpu_magic")
+shell.run_line_magic("tfgpu", "growth on")
+shell.run_line_magic("tfgpu", "")
+heavy = sorted(name for name in ("tensorflow", "ipywidgets", "pynvml", "keras") if name in sys.modules)
+print(json.dumps({"heavy": heavy, "magic": shell.find_line_magic("tfgpu") is not None}))
+"""
+
+
+def test_load_ext_imports_nothing_heavy(tmp_path) -> None:  # noqa: ANN001
+    """In a fresh process: loading, editing and showing the status import no TF, ipywidgets or NVML."""
+    env = {k: v for k, v in os.environ.items() if k not in OUR_ENV}
+    env["IPYTHONDIR"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", LOAD_PROBE], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {"heavy": [], "magic": True}

@@ -1,0 +1,44 @@
+"""`CUDA_VISIBLE_DEVICES` read the way CUDA reads it (pure)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z/-]+$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class CudaVisible:
+    """The entries CUDA will use, and the first entry it stopped at (everything after is ignored)."""
+
+    raw: str | None
+    entries: tuple[str, ...] = ()
+    stopped_at: str | None = None
+
+    @property
+    def restricts(self) -> bool:
+        return self.raw is not None
+
+    @property
+    def hides_all(self) -> bool:
+        return self.raw is not None and not self.entries
+
+
+def parse_cuda_visible(raw: str | None, known: set[str] | None = None) -> CudaVisible:
+    """Parse like CUDA: indices, GPU/MIG UUIDs or prefixes; stop at the first invalid entry;
+    an empty value hides every GPU. `known` (indices and UUIDs that exist), when given, also makes
+    an index or UUID that does not exist invalid."""
+    if raw is None:
+        return CudaVisible(None)
+    entries: list[str] = []
+    for token in (t.strip() for t in raw.split(",")):
+        if not token and not entries and raw.strip() == "":
+            break
+        valid = token.isdigit() or bool(_UUID.match(token))
+        if valid and known is not None:
+            valid = token in known or (not token.isdigit() and any(k.startswith(token) for k in known))
+        if not valid or token in entries:
+            return CudaVisible(raw, tuple(entries), token or "(empty entry)")
+        entries.append(str(int(token)) if token.isdigit() else token)
+    return CudaVisible(raw, tuple(entries))
