@@ -13,7 +13,7 @@ from .errors import PolicyError
 from .policy import Policy
 
 __version__ = "0.1.0"
-__all__ = ["Policy", "PolicyError", "configure", "current_policy", "session_config"]
+__all__ = ["Policy", "PolicyError", "configure", "current_policy", "panel", "session_config"]
 
 
 def current_policy() -> Policy:
@@ -26,6 +26,18 @@ def session_config() -> Any:
     from .runtime import session_config as build
 
     return build(get_controller().plan())
+
+
+def panel() -> Any:
+    """Show the widget panel over the policy in a notebook; returns the `Panel` (its `.widget`)."""
+    from IPython import get_ipython
+
+    from .panel import show_panel
+    from .restart import restart_and_apply
+
+    shell = get_ipython()
+    controller = get_controller()
+    return show_panel(controller, shell, lambda: restart_and_apply(shell, controller.policy))
 
 
 def load_ipython_extension(shell: Any) -> None:

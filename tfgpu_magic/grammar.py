@@ -11,7 +11,7 @@ from .errors import PolicyError
 from .policy import ALL_GPUS, ALLOCATORS, MAX_MIB, MAX_VIRTUAL_DEVICES, Policy, sort_gpu_items
 
 MAX_GPU_INDEX = 255
-ACTIONS = ("status", "apply", "export", "restart", "doctor", "default", "autoload", "kernelspec")
+ACTIONS = ("status", "apply", "export", "restart", "doctor", "panel", "default", "autoload", "kernelspec")
 CHOICES = {"export": ("python", "env", "json"), "default": ("save", "clear", "show"), "autoload": ("on", "off")}
 EDITS = ("growth", "limit", "visible", "split", "allocator", "reset")
 
@@ -98,7 +98,7 @@ def parse_words(words: Sequence[str], catalog: GpuCatalog | None = None) -> Dire
         return Action("status")
     head, args = words[0].lower(), list(words[1:])
     text = " ".join(words)
-    if head in ("status", "apply", "restart", "doctor"):
+    if head in ("status", "apply", "restart", "doctor", "panel"):
         _expect(head, args, 0, 0)
         return Action(head)
     if head in CHOICES:

@@ -40,7 +40,7 @@ class TFGPUMagics(Magics):
         nargs="*",
         help="growth all|on|off; limit SIZE|off [GPUS]; visible GPUS|all|none; "
         "split GPU COUNTxSIZE | GPU SIZE,SIZE,... | cpu COUNT | off [GPU|cpu]; allocator bfc|async; "
-        "reset; apply; export [python|env|json]; restart; doctor; default save|clear|show; autoload on|off; "
+        "reset; apply; export [python|env|json]; restart; doctor; panel; default save|clear|show; autoload on|off; "
         "kernelspec NAME. Nothing: show the status.",
     )
     @argument("--yes", action="store_true", help="with restart: restart now, without asking")
@@ -68,6 +68,7 @@ class TFGPUMagics(Magics):
           %tfgpu export [python|env|json]  the equivalent standalone code
           %tfgpu restart [--yes]           restart the kernel with the policy in force
           %tfgpu doctor                    why TensorFlow does (not) see a GPU, with fixes
+          %tfgpu panel                     the same policy as clickable widgets
           %tfgpu default save|clear|show   the policy every kernel starts with
           %tfgpu autoload on | off         load this extension in every new kernel of the profile
           %tfgpu kernelspec NAME [--display-name TEXT] [--remove]
@@ -102,6 +103,7 @@ class TFGPUMagics(Magics):
             "export": lambda: export(self.controller.policy, action.arg or "python").rstrip("\n"),
             "restart": lambda: self._restart(args.yes),
             "doctor": lambda: _doctor(self.controller),
+            "panel": self._panel,
             "default": lambda: self._default(action.arg or "show"),
             "autoload": lambda: persist.set_autoload(self._profile_dir(), action.arg == "on"),
             "kernelspec": lambda: self._kernelspec(action.arg or "", args.display_name, args.remove),
@@ -125,6 +127,15 @@ class TFGPUMagics(Magics):
 
         print(summary)
         show_restart_button(lambda: restart_and_apply(self.shell, self.controller.policy))
+        return ""
+
+    def _panel(self) -> str:
+        if getattr(self.shell, "kernel", None) is None:
+            return "The panel needs a notebook front end (JupyterLab, Notebook 7, VS Code); here use %tfgpu directives."
+        from .panel import show_panel
+        from .restart import restart_and_apply
+
+        show_panel(self.controller, self.shell, lambda: restart_and_apply(self.shell, self.controller.policy))
         return ""
 
     def _profile_dir(self) -> str:

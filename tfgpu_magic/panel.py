@@ -1,0 +1,324 @@
+"""`%tfgpu panel`: an ipywidgets view over the controller, two-way synced with the magic.
+
+Every panel edit is turned into a directive and goes through the same grammar and validation as
+`%tfgpu`, so a bad value gives the magic's one-line message and changes nothing. Every controller
+change (from the magic, another panel or a restart) refreshes every open panel. ipywidgets is
+imported only when a panel is built.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .controller import Controller, get_controller
+from .errors import PolicyError
+from .export import export
+from .inventory import Gpu, cached_inventory
+from .policy import ALL_GPUS, Policy
+from .status import describe_report, pending_lines
+
+REFRESH_SECONDS = 2.0
+LOCK = "🔒 "
+BAR_CSS = (
+    "display:inline-block;width:160px;height:10px;border-radius:3px;vertical-align:middle;"
+    "background:var(--jp-layout-color3, #ddd);overflow:hidden"
+)
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    """What a GPU row shows; from NVML when available, else from TensorFlow's physical list."""
+
+    ref: str
+    name: str
+    used_mib: int | None = None
+    total_mib: int | None = None
+
+
+def gpu_rows(controller: Controller) -> tuple[list[GpuRow], str]:
+    """The GPUs to show, and a one-line reason when there are none."""
+    inventory = cached_inventory()
+    if inventory.available and inventory.gpus:
+        return [_nvml_row(gpu) for gpu in inventory.gpus], ""
+    state = controller.api.state()
+    if state.imported:
+        gpus = controller.api.devices("GPU")  # lists devices, never initializes the runtime
+        if gpus:
+            return [GpuRow(str(i), controller.api.name(gpu)) for i, gpu in enumerate(gpus)], ""
+        return [], f"No GPU: TensorFlow lists none, and {inventory.error or 'NVML sees none'}. `%tfgpu doctor` says why."
+    return [], f"No GPU found: {inventory.error or 'NVML sees none'}. `%tfgpu doctor` says why."
+
+
+def _nvml_row(gpu: Gpu) -> GpuRow:
+    return GpuRow(gpu.ref, gpu.name or "GPU", gpu.memory_used_mib, gpu.memory_total_mib)
+
+
+def memory_bar(row: GpuRow) -> str:
+    """An HTML bar of used/total memory, themed with JupyterLab's CSS variables."""
+    if row.total_mib is None or row.used_mib is None:
+        return "<span style='opacity:.7'>memory: unknown</span>"
+    pct = 100 * row.used_mib / max(row.total_mib, 1)
+    fill = f"width:{pct:.0f}%;height:100%;background:var(--jp-brand-color1, #1976d2)"
+    return (
+        f"<span style='{BAR_CSS}'><span style='display:block;{fill}'></span></span>"
+        f" <span style='font-variant-numeric:tabular-nums'>{row.used_mib:,} / {row.total_mib:,} MiB</span>"
+    )
+
+
+def _size_text(mib: int) -> str:
+    return f"{mib // 1024}GB" if mib % 1024 == 0 else f"{mib}MB"
+
+
+def limit_text(policy: Policy, ref: str) -> str:
+    """The limit of GPU `ref` as the grammar writes it ('' for none)."""
+    mib = policy.limit_map.get(ref)
+    return "" if mib is None else _size_text(mib)
+
+
+def split_text(policy: Policy, ref: str) -> str:
+    """The split of GPU `ref` as the grammar writes it ('' for none)."""
+    sizes = policy.split_map.get(ref)
+    if not sizes:
+        return ""
+    if len(set(sizes)) == 1:
+        return f"{len(sizes)}x{_size_text(sizes[0])}"
+    return ",".join(_size_text(mib) for mib in sizes)
+
+
+class Panel:
+    """One displayed panel. `widget` is the ipywidgets tree; `close()` detaches it."""
+
+    def __init__(self, controller: Controller | None = None, shell: Any = None,
+                 restart: Callable[[], str] | None = None) -> None:
+        import ipywidgets as w
+
+        self.w = w
+        self.controller = controller or get_controller()
+        self.shell = shell
+        self.restart = restart
+        self._syncing = False
+        self.message = ""
+        self._refresher: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.rows, self.no_gpu_reason = gpu_rows(self.controller)
+
+        self.header = w.HTML()
+        self.error = w.HTML()
+        self.growth = w.Dropdown(options=[("TF default", "default"), ("on", "on"), ("off", "off")],
+                                 description="Growth", style={"description_width": "90px"})
+        self.allocator = w.Dropdown(options=[("TF default", "default"), ("bfc", "bfc"), ("async", "async")],
+                                    description="Allocator", style={"description_width": "90px"})
+        self.cpus = w.BoundedIntText(min=0, max=64, description="CPU devices",
+                                     tooltip="logical CPU devices (0: TensorFlow's default)",
+                                     style={"description_width": "90px"}, layout=w.Layout(width="170px"))
+        self.visible = {row.ref: w.Checkbox(description="visible", indent=False, layout=w.Layout(width="80px"))
+                        for row in self.rows}
+        self.limits = {row.ref: w.Text(placeholder="no limit", layout=w.Layout(width="100px"),
+                                       continuous_update=False) for row in self.rows}
+        self.splits = {row.ref: w.Text(placeholder="no split", layout=w.Layout(width="110px"),
+                                       continuous_update=False) for row in self.rows}
+        self.bars = {row.ref: w.HTML(memory_bar(row)) for row in self.rows}
+        self.apply_button = w.Button(description="Apply", icon="check")
+        self.restart_button = w.Button(description="Restart kernel and apply", icon="refresh", button_style="warning")
+        self.confirm_button = w.Button(description="Yes, restart (variables are lost)", button_style="danger",
+                                       layout=w.Layout(display="none"))
+        self.cancel_button = w.Button(description="Cancel", layout=w.Layout(display="none"))
+        self.export_button = w.Button(description="Export", icon="code")
+        self.reset_button = w.Button(description="Reset", icon="undo")
+        self.live = w.Checkbox(description="live memory", indent=False, value=False)
+        self.output = w.Output()
+        self.widget = w.VBox([self.header, self._gpu_box(), w.HBox([self.growth, self.allocator, self.cpus]),
+                              w.HBox([self.apply_button, self.restart_button, self.confirm_button,
+                                      self.cancel_button, self.export_button, self.reset_button, self.live]),
+                              self.error, self.output],
+                             layout=w.Layout(border="1px solid var(--jp-border-color2, #ccc)", padding="6px"))
+        self._wire()
+        self.sync()
+        self.controller.listeners.append(self._on_controller_change)
+
+    # ----- layout --------------------------------------------------------------------------
+    def _gpu_box(self) -> Any:
+        w = self.w
+        if not self.rows:
+            return w.HTML(f"<i>{self.no_gpu_reason}</i>")
+        lines = [w.HBox([w.HTML(f"<b>GPU {row.ref}</b> {row.name}", layout=w.Layout(width="220px")),
+                         self.bars[row.ref], self.visible[row.ref],
+                         w.HTML("limit", layout=w.Layout(width="32px")), self.limits[row.ref],
+                         w.HTML("split", layout=w.Layout(width="32px")), self.splits[row.ref]])
+                 for row in self.rows]
+        return w.VBox(lines)
+
+    def _wire(self) -> None:
+        self.growth.observe(lambda c: self._edit(f"growth {c['new']}" if c["new"] != "default"
+                                                 else None, "growth"), "value")
+        self.allocator.observe(lambda c: self._edit(f"allocator {c['new']}" if c["new"] != "default"
+                                                    else None, "allocator"), "value")
+        self.cpus.observe(lambda c: self._edit(f"split cpu {c['new']}" if c["new"] else "split off cpu"), "value")
+        for ref in self.visible:
+            self.visible[ref].observe(lambda c: self._edit(self._visible_directive()), "value")
+            self.limits[ref].observe(lambda c, ref=ref: self._edit(self._limit_directive(ref, c["new"])), "value")
+            self.splits[ref].observe(lambda c, ref=ref: self._edit(self._split_directive(ref, c["new"])), "value")
+        self.apply_button.on_click(lambda _: self._show(describe_report(self.controller.apply())))
+        self.restart_button.on_click(lambda _: self._ask_restart(True))
+        self.cancel_button.on_click(lambda _: self._ask_restart(False))
+        self.confirm_button.on_click(lambda _: self._do_restart())
+        self.export_button.on_click(lambda _: self._show(export(self.controller.policy)))
+        self.reset_button.on_click(lambda _: self._edit("reset"))
+        self.live.observe(lambda c: self.set_live(c["new"]), "value")
+
+    # ----- edits ---------------------------------------------------------------------------
+    def _visible_directive(self) -> str:
+        chosen = [ref for ref, box in self.visible.items() if box.value]
+        if len(chosen) == len(self.visible):
+            return "visible all"
+        return f"visible {','.join(chosen)}" if chosen else "visible none"
+
+    @staticmethod
+    def _limit_directive(ref: str, text: str) -> str:
+        return f"limit {text.strip()} {ref}" if text.strip() else f"limit off {ref}"
+
+    @staticmethod
+    def _split_directive(ref: str, text: str) -> str:
+        return f"split {ref} {text.strip()}" if text.strip() else f"split off {ref}"
+
+    def _edit(self, directive: str | None, field: str = "") -> None:
+        """Send one directive through the grammar; on error show the magic's message and revert."""
+        if self._syncing:
+            return
+        if directive is None:  # "TF default" for a field that has no directive of its own
+            self.controller.set_policy(self._without(field))
+            return
+        try:
+            report = self.controller.edit([self.controller.parse(directive)])
+        except PolicyError as err:
+            self.error.value = f"<span style='color:var(--jp-error-color1, #d32f2f)'>{err}</span>"
+            self.sync()
+            return
+        self.error.value = ""
+        if not report.ok:
+            self._show(describe_report(report))
+
+    def _without(self, field: str) -> Policy:
+        import dataclasses
+
+        return dataclasses.replace(self.controller.policy, **{field: None})
+
+    # ----- restart -------------------------------------------------------------------------
+    def _ask_restart(self, asking: bool) -> None:
+        self.confirm_button.layout.display = "" if asking else "none"
+        self.cancel_button.layout.display = "" if asking else "none"
+        self.restart_button.layout.display = "none" if asking else ""
+
+    def _do_restart(self) -> None:
+        self._ask_restart(False)
+        if self.restart is None:
+            self._show("Restart needs a Jupyter kernel.")
+            return
+        self._show(self.restart())
+
+    # ----- refresh -------------------------------------------------------------------------
+    def sync(self) -> None:
+        """Make every control show the controller's state; observers stay quiet meanwhile."""
+        policy, state = self.controller.policy, self.controller.api.state()
+        self._syncing = True
+        try:
+            self.growth.value = "default" if policy.growth is None else ("on" if policy.growth else "off")
+            self.allocator.value = policy.allocator or "default"
+            self.cpus.value = policy.cpu_devices or 0
+            for ref, box in self.visible.items():
+                box.value = policy.visible is None or ref in policy.visible
+                self.limits[ref].value = limit_text(policy, ref) or limit_text(policy, ALL_GPUS)
+                self.splits[ref].value = split_text(policy, ref)
+        finally:
+            self._syncing = False
+        locked = state.initialized
+        self.apply_button.disabled = locked or not state.imported
+        self.apply_button.tooltip = ("TensorFlow is initialized: only a restart applies changes" if locked
+                                     else "TensorFlow is not imported: the policy applies on import"
+                                     if not state.imported else "apply the policy now")
+        reason = "TensorFlow is initialized: changes apply after a restart"
+        for control in [self.growth, self.allocator, self.cpus, *self.limits.values(), *self.splits.values()]:
+            control.tooltip = reason if locked else None
+        for label_owner in (self.growth, self.allocator, self.cpus):
+            base = label_owner.description.removeprefix(LOCK)
+            label_owner.description = (LOCK + base) if locked else base
+        self.header.value = self._header_html(state)
+
+    def _header_html(self, state: Any) -> str:
+        color = "var(--jp-warn-color1, #f57c00)" if state.initialized else "var(--jp-success-color1, #388e3c)"
+        lines = [f"<b>TensorFlow</b>: <span style='color:{color}'>{state.label}</span>"]
+        pending = pending_lines(self.controller)
+        if pending:
+            title = "Pending, needs a restart" if state.initialized else "Not applied yet"
+            items = "".join(f"<li>{line.strip().removeprefix('- ')}</li>" for line in pending)
+            lines.append(f"{title}:<ul style='margin:2px 0'>{items}</ul>")
+        return "<br>".join(lines)
+
+    def refresh_memory(self) -> None:
+        """Re-read GPU memory (NVML) into the bars."""
+        inventory = cached_inventory(max_age=REFRESH_SECONDS / 2)
+        for gpu in inventory.gpus:
+            if gpu.ref in self.bars:
+                self.bars[gpu.ref].value = memory_bar(_nvml_row(gpu))
+
+    def set_live(self, on: bool) -> None:
+        """Start or stop the live memory refresh; nothing runs while it is off."""
+        self._stop.set()
+        self._refresher = None
+        if on:
+            self._stop = threading.Event()
+            self._refresher = threading.Thread(target=self._refresh_loop, args=(self._stop,), daemon=True)
+            self._refresher.start()
+
+    def _refresh_loop(self, stop: threading.Event) -> None:
+        while not stop.wait(REFRESH_SECONDS):
+            self.refresh_memory()
+
+    def _on_controller_change(self, controller: Controller) -> None:
+        self.sync()
+
+    def _show(self, text: str) -> None:
+        self.message = text
+        self.output.clear_output()
+        with self.output:
+            print(text)
+
+    def close(self) -> None:
+        """Stop refreshing, stop listening, close the widgets."""
+        self.set_live(False)
+        if self._on_controller_change in self.controller.listeners:
+            self.controller.listeners.remove(self._on_controller_change)
+        self.widget.close()
+
+
+_open_panels: list[Panel] = []
+
+
+def refresh_open_panels(*_: Any) -> None:
+    """post_run_cell hook, registered only while a panel is open: TF's state may have changed."""
+    for panel in list(_open_panels):
+        panel.sync()
+
+
+def show_panel(controller: Controller | None = None, shell: Any = None,
+               restart: Callable[[], str] | None = None) -> Panel:
+    """Build and display a panel; keeps open panels in sync with TF's state after each cell."""
+    from IPython.display import display
+
+    panel = Panel(controller, shell, restart)
+    _open_panels.append(panel)
+    if shell is not None and len(_open_panels) == 1:
+        shell.events.register("post_run_cell", refresh_open_panels)
+
+    def forget(_: Any) -> None:
+        panel.close()
+        if panel in _open_panels:
+            _open_panels.remove(panel)
+        if shell is not None and not _open_panels:
+            shell.events.unregister("post_run_cell", refresh_open_panels)
+
+    panel.widget.observe(lambda change: forget(change) if change["new"] is None else None, "comm")
+    display(panel.widget)
+    return panel
