@@ -219,10 +219,15 @@ def load_ext_vs_shell_start(bench: Bench) -> Row:
     return ratio_row("%load_ext / shell start", [r["load"] for r in runs], [s["seconds"] for s in shells], 0.05)
 
 
+def _heavy(runs: list[dict], *steps: str) -> list[str]:
+    """The heavy modules found in `sys.modules` after any of `steps`, in any run."""
+    return sorted({f"{m} (after {step})" for r in runs for step in steps for m in r["heavy"][step]})
+
+
 def heavy_imports_after_load(bench: Bench) -> Row:
-    """1 if TensorFlow, ipywidgets or NVML got imported by loading, editing or the status, else 0."""
+    """1 if `%load_ext` or policy edits (TensorFlow not imported) imported TF, ipywidgets or NVML, else 0."""
     _, runs = _extension_samples(bench)
-    found = sorted({f"{m} (after {step})" for r in runs for step, mods in r["heavy"].items() for m in mods})
+    found = _heavy(runs, "load_ext", "policy")
     value = 1.0 if found else 0.0
     return Row("heavy imports after load", value, None, value, 0, unit="", note=", ".join(found))
 
@@ -230,7 +235,9 @@ def heavy_imports_after_load(bench: Bench) -> Row:
 def status_vs_shell_start(bench: Bench) -> Row:
     """First bare `%tfgpu` (status, TensorFlow not imported) / the shell's own start."""
     shells, runs = _extension_samples(bench)
-    return ratio_row("%tfgpu status / shell start", [r["status"] for r in runs], [s["seconds"] for s in shells], 0.10)
+    found = _heavy(runs, "status")
+    return ratio_row("%tfgpu status / shell start", [r["status"] for r in runs], [s["seconds"] for s in shells],
+                     0.10, note="imports " + ", ".join(found) if found else "")
 
 
 def empty_cell_overhead(bench: Bench) -> Row:

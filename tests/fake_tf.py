@@ -48,22 +48,29 @@ class InForce:
     cpus: int
     """Logical CPU devices."""
 
-    @property
-    def logical_gpus(self) -> int:
-        return sum(1 if gpu.limits is None else len(gpu.limits) for gpu in self.gpus)
+
+def fake_uuid(index: int) -> str:
+    """GPU `index`'s UUID on the fake machine (`GPU-<index>...`: a one-character unique prefix)."""
+    return f"GPU-{index}{index:07x}-fa6e-4e0d-9b1a-{index:012x}"
 
 
-def cuda_visible_ids(value: str | None, count: int) -> list[int]:
-    """GPU ids CUDA enumerates for `CUDA_VISIBLE_DEVICES=value` (indices only; stops at the first
-    invalid entry, `""` hides every GPU, unset shows all)."""
+def cuda_visible_ids(value: str | None, uuids: Sequence[str]) -> list[int]:
+    """GPU ids CUDA enumerates for `CUDA_VISIBLE_DEVICES=value`: indices and full or prefix GPU UUIDs,
+    in the order given; parsing stops at the first invalid entry; `""` hides every GPU, unset shows all."""
     if value is None:
-        return list(range(count))
+        return list(range(len(uuids)))
     ids: list[int] = []
-    for token in value.split(","):
-        token = token.strip()
-        if not token.isdigit() or int(token) >= count or int(token) in ids:
+    for token in (t.strip() for t in value.split(",")):
+        matches = [i for i, uuid in enumerate(uuids) if token and uuid.lower().startswith(token.lower())]
+        if token.isdigit() and int(token) < len(uuids):
+            found = int(token)
+        elif token.upper().startswith("GPU-") and len(matches) == 1:
+            found = matches[0]
+        else:
             break
-        ids.append(int(token))
+        if found in ids:
+            break
+        ids.append(found)
     return ids
 
 
@@ -78,7 +85,8 @@ class FakeTF:
         environ: MutableMapping[str, str] | None = None,
         state_readable: bool = True,
     ) -> None:
-        self.machine_gpus = gpus
+        self.uuids = tuple(fake_uuid(i) for i in range(gpus))
+        """The machine's GPUs, nvidia-smi order."""
         self.imported = imported
         self.environ = {} if environ is None else environ
         self.state_readable = state_readable
@@ -99,7 +107,7 @@ class FakeTF:
         if not self.imported:
             raise SeamMisuse("tf.config used before TensorFlow was imported")
         if self._physical is None:
-            self.cuda_ids = cuda_visible_ids(self.environ.get("CUDA_VISIBLE_DEVICES"), self.machine_gpus)
+            self.cuda_ids = cuda_visible_ids(self.environ.get("CUDA_VISIBLE_DEVICES"), self.uuids)
             self._physical = [PhysicalDevice("/physical_device:CPU:0", "CPU")] + [
                 PhysicalDevice(f"/physical_device:GPU:{i}", "GPU") for i in range(len(self.cuda_ids))
             ]

@@ -18,8 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+import pytest
 from jupyter_client import AsyncKernelManager, BlockingKernelClient, KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
+
+from tfgpu_magic.plan import OUR_ENV
 
 KERNEL_NAME = "tfgpu-test-python"
 STARTUP_TIMEOUT = 60
@@ -33,8 +36,13 @@ QUIET_ENV = {
 
 
 def quiet_env(**extra: str) -> dict[str, str]:
-    """`os.environ` plus `QUIET_ENV` plus `extra`, for a TensorFlow subprocess or kernel."""
-    return {**os.environ, **QUIET_ENV, **extra}
+    """`os.environ` without the variables tfgpu_magic manages or reads (the tester's CUDA_VISIBLE_DEVICES
+    or TFGPU_MAGIC_POLICY must not leak in), plus `QUIET_ENV` and `extra`: the environment of a
+    TensorFlow subprocess or kernel."""
+    inherited = {
+        name: value for name, value in os.environ.items() if name not in OUR_ENV and not name.startswith("TFGPU_MAGIC_")
+    }
+    return {**inherited, **QUIET_ENV, **extra}
 
 
 def isolated_env(root: Path) -> dict[str, str]:
@@ -50,12 +58,16 @@ def isolated_env(root: Path) -> dict[str, str]:
     return {name: str(path) for name, path in dirs.items()}
 
 
-def kernel_manager(root: Path, *, asynchronous: bool = False) -> KernelManager:
+def kernel_manager(root: Path, *, asynchronous: bool = False, ipython_config: str = "") -> KernelManager:
     """A manager for a kernel running `sys.executable`, its spec and files under `root`.
 
-    `asynchronous=True` gives the `AsyncKernelManager` that nbclient needs.
+    `asynchronous=True` gives the `AsyncKernelManager` that nbclient needs; `ipython_config` is the
+    text of the kernel's `ipython_kernel_config.py` (in the isolated IPYTHONDIR).
     """
     env = {**QUIET_ENV, **isolated_env(root)}
+    profile = Path(env["IPYTHONDIR"]) / "profile_default"
+    profile.mkdir(parents=True, exist_ok=True)
+    (profile / "ipython_kernel_config.py").write_text(ipython_config)
     spec_dir = root / "kernels" / KERNEL_NAME
     spec_dir.mkdir(parents=True, exist_ok=True)
     spec = {
@@ -143,13 +155,13 @@ class Kernel:
 
 
 @contextlib.contextmanager
-def running_kernel(startup_timeout: float = STARTUP_TIMEOUT) -> Iterator[Kernel]:
+def running_kernel(startup_timeout: float = STARTUP_TIMEOUT, ipython_config: str = "") -> Iterator[Kernel]:
     """Start an isolated kernel, yield it, and always shut it down and remove its files."""
     with tempfile.TemporaryDirectory(prefix="tfgpu-kernel-") as tmp:
-        manager = kernel_manager(Path(tmp))
-        manager.start_kernel(cwd=tmp)
+        manager = kernel_manager(Path(tmp), ipython_config=ipython_config)
         client = None
         try:
+            manager.start_kernel(cwd=tmp, env=quiet_env())
             client = manager.client()
             client.start_channels()
             client.wait_for_ready(timeout=startup_timeout)
@@ -157,5 +169,15 @@ def running_kernel(startup_timeout: float = STARTUP_TIMEOUT) -> Iterator[Kernel]
         finally:
             if client is not None:
                 client.stop_channels()
-            manager.shutdown_kernel(now=True)
-            manager.cleanup_resources()
+            if manager.has_kernel:
+                manager.shutdown_kernel(now=True)  # also removes the connection file
+            else:
+                manager.cleanup_resources()
+
+
+@pytest.fixture(autouse=True)
+def tensorflow_stays_out_of_pytest() -> Iterator[None]:
+    """Autouse where imported: TensorFlow runs only in kernels and subprocesses, never in pytest,
+    where its initialized runtime would lock device settings for the whole session."""
+    yield
+    assert "tensorflow" not in sys.modules, "a test imported TensorFlow into the pytest process"

@@ -10,12 +10,14 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, field
+from typing import Callable
 
 import pytest
 
-from fake_tf import FakeTF, InForce, SeamMisuse, cuda_visible_ids
+from fake_tf import FakeTF, InForce, SeamMisuse, cuda_visible_ids, fake_uuid
 from tfgpu_magic import importhook, status
 from tfgpu_magic.controller import Controller
+from tfgpu_magic.inventory import Gpu, Inventory, InventoryCatalog
 from tfgpu_magic.plan import OUR_ENV, Plan
 from tfgpu_magic.runtime import ApplyReport, apply_plan
 
@@ -40,7 +42,13 @@ def session(gpus: int, start: str = "imported", env: dict | None = None) -> tupl
     fake = FakeTF(gpus, imported=start != "before import", environ=env)
     if start == "devices listed":
         fake.list_devices()
-    return fake, Controller(api=fake, environ=env)
+    return fake, Controller(api=fake, environ=env, catalog=catalog(fake))
+
+
+def catalog(fake: FakeTF) -> InventoryCatalog:
+    """The GPU inventory (NVML's view) of the fake's machine: 16 GiB cards, nvidia-smi order."""
+    gpus = tuple(Gpu(index, uuid, memory_total_mib=16384) for index, uuid in enumerate(fake.uuids))
+    return InventoryCatalog(Inventory(gpus=gpus))
 
 
 def edit(ctl: Controller, *lines: str) -> ApplyReport:
@@ -156,29 +164,32 @@ def test_fake_identical_value_after_init_is_a_silent_no_op(setting: str) -> None
     assert fake.snapshot() == before
 
 
+def _growth_and_cpu_split(fake: FakeTF) -> None:
+    _growth_everywhere(fake)
+    fake.set_logical(fake.devices("CPU")[0], [None, None])
+
+
+def _growth_on_hidden_gpu(fake: FakeTF) -> None:
+    fake.set_growth(_gpu(fake, 1), True)
+    fake.set_visible([_gpu(fake, 0)], "GPU")
+
+
 @pytest.mark.parametrize(
     ("setup", "env", "growth"),
     [
-        ("growth", {}, True),
-        ("growth + cpu split", {}, False),  # any virtual entry drops allow_growth for every GPU
-        ("growth + cpu split", {GROWTH_ENV: "true"}, True),
-        ("growth + cpu split", {GROWTH_ENV: "True"}, False),  # only the exact strings count
-        ("growth", {GROWTH_ENV: "false"}, False),
-        ("none", {GROWTH_ENV: "true"}, True),
-        ("growth on GPU:1 hidden", {}, False),  # a hidden GPU's growth does not count
+        pytest.param(_growth_everywhere, {}, True, id="growth"),
+        pytest.param(_growth_and_cpu_split, {}, False, id="any virtual entry drops growth"),
+        pytest.param(_growth_and_cpu_split, {GROWTH_ENV: "true"}, True, id="env true wins"),
+        pytest.param(_growth_and_cpu_split, {GROWTH_ENV: "True"}, False, id="only exact strings count"),
+        pytest.param(_growth_everywhere, {GROWTH_ENV: "false"}, False, id="env false wins"),
+        pytest.param(lambda f: None, {GROWTH_ENV: "true"}, True, id="env alone"),
+        pytest.param(_growth_on_hidden_gpu, {}, False, id="hidden GPU's growth ignored"),
     ],
 )
-def test_fake_growth_in_force(setup: str, env: dict, growth: bool) -> None:
+def test_fake_growth_in_force(setup: Callable[[FakeTF], None], env: dict, growth: bool) -> None:
     """Growth in force follows _compute_device_options and TF_FORCE_GPU_ALLOW_GROWTH read at init."""
     fake = FakeTF(2, environ=env)
-    gpus = fake.devices("GPU")
-    if setup.startswith("growth on GPU:1"):
-        fake.set_growth(gpus[1], True)
-        fake.set_visible([gpus[0]], "GPU")
-    elif setup.startswith("growth"):
-        _growth_everywhere(fake)
-    if setup.endswith("cpu split"):
-        fake.set_logical(fake.devices("CPU")[0], [None, None])
+    setup(fake)
     assert {gpu.growth for gpu in fake.initialize().gpus} == {growth}
 
 
@@ -195,11 +206,14 @@ def test_fake_failed_init_stays_uninitialized() -> None:
 
 @pytest.mark.parametrize(
     ("value", "ids"),
-    [(None, [0, 1, 2, 3]), ("", []), ("2,0", [2, 0]), ("1,x,3", [1]), ("1,7,2", [1]), ("3,3", [3])],
+    [
+        (None, [0, 1, 2, 3]), ("", []), ("2,0", [2, 0]), ("1,x,3", [1]), ("1,7,2", [1]), ("3,3", [3]),
+        (f"{fake_uuid(3)},1", [3, 1]), ("GPU-2,gpu-0", [2, 0]), ("GPU-,1", []), ("0,GPU-9", [0]),
+    ],
 )
 def test_fake_cuda_visible_devices(value: str | None, ids: list[int]) -> None:
-    """CUDA_VISIBLE_DEVICES: order kept, parsing stops at the first invalid entry."""
-    assert cuda_visible_ids(value, 4) == ids
+    """CUDA_VISIBLE_DEVICES: indices and UUID prefixes in order; parsing stops at the first invalid entry."""
+    assert cuda_visible_ids(value, [fake_uuid(i) for i in range(4)]) == ids
 
 
 def test_fake_reads_cuda_env_once_when_devices_are_listed() -> None:
@@ -239,6 +253,8 @@ CASES = {
     "visible + limit": Case(4, ("visible 2,3", "limit 1GB 3"), [(2, False, None), (3, False, (1024,))]),
     "visible none": Case(2, ("visible none",), []),
     "growth + cpu split": Case(2, ("growth on", "split cpu 2"), [(0, True, None), (1, True, None)], cpus=2),
+    "limit in % of each card": Case(2, ("limit 25%",), [(0, False, (4096,)), (1, False, (4096,))]),
+    "visible by UUID + limit": Case(4, ("visible GPU-1,GPU-3", "limit 1GB 3"), [(1, False, None), (3, False, (1024,))]),
     "inherited CUDA_VISIBLE_DEVICES": Case(
         4, ("limit 1GB 3",), [(2, False, None), (3, False, (1024,))], env={"CUDA_VISIBLE_DEVICES": "2,3"}
     ),
@@ -365,7 +381,7 @@ def test_different_policy_after_init_is_locked_and_changes_nothing(change: str) 
 def test_unreadable_state_falls_back_to_tensorflow_refusal(first: str, second: str, locked: bool) -> None:
     """If TF's private state ever reads 'not initialized', the setters' RuntimeError still means locked."""
     fake = FakeTF(2, state_readable=False)
-    ctl = Controller(api=fake, environ={})
+    ctl = Controller(api=fake, environ={}, catalog=catalog(fake))
     edit(ctl, first)
     fake.initialize()
     before = fake.snapshot()
@@ -400,7 +416,9 @@ def test_recorded_settings_show_what_tensorflow_holds() -> None:
 
 
 # ----- bugs found through the fake (xfail until fixed in tfgpu_magic) --------------------------------
-@pytest.mark.xfail(strict=True, reason="BUG: removing a recorded limit reports 'Already in force' but it stays")
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "BUG: removing a recorded limit reports 'Already in force' but it stays"
+))
 def test_limit_off_after_it_was_recorded_is_not_claimed_in_force() -> None:
     """TF cannot drop a logical config; `limit off` must not be reported as done when it is not."""
     fake, ctl = session(2)
@@ -417,7 +435,9 @@ LEFTOVERS = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: growth silently dropped when TF holds a logical config the policy lacks")
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "BUG: growth silently dropped when TF holds a logical config the policy lacks"
+))
 @pytest.mark.parametrize("leftover", LEFTOVERS)
 def test_growth_on_with_leftover_logical_config_is_in_force(leftover: str) -> None:
     """A recorded logical config makes TF drop allow_growth: growth must then go through the env."""
@@ -428,7 +448,9 @@ def test_growth_on_with_leftover_logical_config_is_in_force(leftover: str) -> No
     assert all(gpu.growth for gpu in in_force.gpus) or not report.ok
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: growth off leaves untouched GPUs at None; TF then refuses to init")
+@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
+    "BUG: growth off leaves untouched GPUs at None; TF then refuses to init"
+))
 def test_growth_off_after_hand_set_growth_on_one_gpu_initializes() -> None:
     """Growth set by hand on GPU:0 only, then `%tfgpu growth off`: the first op must not fail."""
     fake, ctl = session(2)
@@ -437,7 +459,9 @@ def test_growth_off_after_hand_set_growth_on_one_gpu_initializes() -> None:
     assert [gpu.growth for gpu in fake.initialize().gpus] == [False, False]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: 'sees no GPU' note lost when growth is routed through the env")
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "BUG: 'sees no GPU' note lost when growth is routed through the env"
+))
 def test_no_gpu_note_also_with_growth_and_cpu_split() -> None:
     """`growth on` alone says TF sees no GPU; with a CPU split as well it must say so too."""
     fake, ctl = session(0)

@@ -161,6 +161,46 @@ def test_trailing_comment_is_ignored() -> None:
     assert apply_lines("limit 1GB 0  # the small card") == apply_lines("limit 1GB 0")
 
 
+class Catalog:
+    """A machine with two GPUs of 16 GiB and 8 GiB (the grammar's GpuCatalog seam)."""
+
+    totals = {"0": 16384, "1": 8192}
+
+    def resolve(self, ref: str) -> str:
+        if ref not in self.totals:
+            raise PolicyError(f"there is no GPU {ref}")
+        return ref
+
+    def total_mib(self, ref: str) -> int | None:
+        return self.totals[ref]
+
+    def refs(self) -> list[str]:
+        return list(self.totals)
+
+    def is_mig(self, ref: str) -> bool:
+        return False
+
+
+@pytest.mark.parametrize(
+    "line, limits, splits",
+    [
+        ("limit 50%", {"0": 8192, "1": 4096}, {}),
+        ("limit 25% 1", {"1": 2048}, {}),
+        ("split 0 2x25%", {}, {"0": (4096, 4096)}),
+        ("split 1 50%,1GB", {}, {"1": (4096, 1024)}),
+    ],
+)
+def test_percent_with_an_inventory_is_per_card(line: str, limits: dict, splits: dict) -> None:
+    """With an inventory, NN% becomes MiB of each card's own total."""
+    policy = parse_line(line, Catalog()).change(Policy())
+    assert (policy.limit_map, policy.split_map) == (limits, splits)
+
+
+def test_catalog_rejects_a_gpu_the_machine_lacks() -> None:
+    with pytest.raises(PolicyError, match="no GPU 2"):
+        parse_line("limit 1GB 0-2", Catalog())
+
+
 # ----- cells ------------------------------------------------------------------------------------
 def test_cell_with_comments_and_blank_lines() -> None:
     cell = "# the shared box\n\ngrowth on\n   \nlimit 1GB 0  # small card\n\nsplit cpu 2\n"
@@ -212,20 +252,20 @@ def test_quoted_newline_stays_out_of_the_message() -> None:
 
 
 @pytest.mark.parametrize(
-    "line, ok",
+    "line",
     [
-        ("split 0", True),
-        pytest.param("split cpu", True, marks=pytest.mark.xfail(
+        "split 0",
+        pytest.param("split cpu", marks=pytest.mark.xfail(
             strict=True, reason="BUG: the message for `split cpu` suggests `split cpu 2x2GB`, which is invalid")),
     ],
 )
-def test_suggested_example_is_valid(line: str, ok: bool) -> None:
+def test_suggested_example_is_valid(line: str) -> None:
     """An error that says `e.g. ...` suggests a directive that parses."""
     with pytest.raises(PolicyError) as info:
         parse_line(line)
     example = re.search(r"e\.g\. `([^`]+)`", str(info.value))
     assert example is not None
-    assert isinstance(parse_line(example.group(1)), Edit) is ok
+    assert isinstance(parse_line(example.group(1)), Edit)
 
 
 # ----- property: any line is a directive or a PolicyError ---------------------------------------

@@ -134,6 +134,9 @@ def test_cell_applies_every_line(shell, controller: Controller, capsys) -> None:
         ("", "growth on\n\nfoo\n", "line 3: unknown directive 'foo'"),
         ("", "growth on\nexport\n", "line 2: `export` is not allowed"),
         ("growth on", "split cpu 2\n", "not on the first line"),
+        ("", "growth on\nlimit 1GB 0\nsplit 0 2x1GB\n", "both a limit and a split"),
+        pytest.param("", "growth on\nlimit 1GB 0\nsplit 0 2x1GB\n", "line 3: ", marks=pytest.mark.xfail(
+            strict=True, reason="BUG: a contradiction found while applying a cell's edits does not name its line")),
     ],
 )
 def test_bad_cell_changes_nothing(shell, controller: Controller, tfgpu, capsys, line, cell, expect) -> None:  # noqa: ANN001
@@ -157,6 +160,12 @@ def test_bad_line_is_usage_error_and_changes_nothing(controller: Controller, tfg
     assert "\n" not in str(info.value)
     assert (controller.policy, dict(controller.environ)) == before
     assert capsys.readouterr().out == ""
+
+
+def test_percent_error_says_why_there_is_no_inventory(controller: Controller, tfgpu) -> None:  # noqa: ANN001
+    with pytest.raises(UsageError) as info:
+        tfgpu("limit 50%")
+    assert NO_NVML in str(info.value)
 
 
 @pytest.mark.parametrize("line", ["--foo", "growth on --foo", "-x"])
@@ -233,19 +242,26 @@ def test_allocator_bfc_unsets_then_reset_restores(make_magic, tfgpu) -> None:  #
 LOAD_PROBE = """
 import json, sys
 from IPython.core.interactiveshell import InteractiveShell
+def heavy():
+    return [name for name in ("tensorflow", "keras", "ipywidgets", "pynvml") if name in sys.modules]
 shell = InteractiveShell.instance()
+seen = {}
 shell.run_line_magic("load_ext", "tfgpu_magic")
+seen["load"] = heavy()
 shell.run_line_magic("tfgpu", "growth on")
+shell.run_line_magic("tfgpu", "export")
+seen["edit"] = heavy()
 shell.run_line_magic("tfgpu", "")
-heavy = sorted(name for name in ("tensorflow", "ipywidgets", "pynvml", "keras") if name in sys.modules)
-print(json.dumps({"heavy": heavy, "magic": shell.find_line_magic("tfgpu") is not None}))
+seen["status"] = [name for name in heavy() if name != "pynvml"]  # the status lists GPUs through NVML
+print(json.dumps(seen))
 """
 
 
 def test_load_ext_imports_nothing_heavy(tmp_path) -> None:  # noqa: ANN001
-    """In a fresh process: loading, editing and showing the status import no TF, ipywidgets or NVML."""
+    """In a fresh process: loading and editing import no TensorFlow, ipywidgets or NVML; the status no
+    TensorFlow or ipywidgets."""
     env = {k: v for k, v in os.environ.items() if k not in OUR_ENV}
     env["IPYTHONDIR"] = str(tmp_path)
     done = subprocess.run([sys.executable, "-c", LOAD_PROBE], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.splitlines()[-1]) == {"heavy": [], "magic": True}
+    assert json.loads(done.stdout.splitlines()[-1]) == {"load": [], "edit": [], "status": []}

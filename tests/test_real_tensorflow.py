@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from kernels import quiet_env
+from kernels import quiet_env, tensorflow_stays_out_of_pytest  # noqa: F401 (autouse)
 
 from tfgpu_magic.export import export
 from tfgpu_magic.grammar import parse_line
@@ -24,29 +24,16 @@ pytestmark = pytest.mark.tensorflow
 
 TIMEOUT = 120
 RESULT = "RESULT "
-REPORT = f"\nimport json as _json, os as _os\nprint({RESULT!r} + _json.dumps(result))\n"
+REPORT = f"\nimport json as _json\nprint({RESULT!r} + _json.dumps(result))\n"
 """Appended to every script: it leaves its findings in a JSON-ready `result`."""
 
 CPUS = 'len(tf.config.list_logical_devices("CPU"))'
 GPU_POLICY = ("growth on", "limit 2GB", "split 0 2x1GB", "visible 0")
 
 
-@pytest.fixture(autouse=True)
-def tensorflow_stays_out_of_pytest():
-    """TensorFlow runs only in subprocesses: once imported here it would lock its state for the session."""
-    yield
-    assert "tensorflow" not in sys.modules
-
-
-def clean_env(**env: str) -> dict[str, str]:
-    """A quiet TensorFlow environment with none of our variables inherited, plus `env`."""
-    base = {name: value for name, value in quiet_env().items() if name not in OUR_ENV}
-    return {**base, **env}
-
-
-def run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     """Run `argv`, asserting a clean exit; return the finished process."""
-    proc = subprocess.run(argv, env=env or clean_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
 
@@ -58,14 +45,16 @@ def result_of(proc: subprocess.CompletedProcess) -> dict:
     return json.loads(lines[0][len(RESULT):])
 
 
-def run_script(code: str, path: Path | None = None, **env: str) -> tuple[dict, str]:
-    """Run `code` (plus the report line) in a fresh interpreter; its `result` and its stderr."""
+def run_script(code: str, path: Path | None = None) -> tuple[dict, str]:
+    """Run `code` (plus the report line) in a fresh interpreter, from `path` if given;
+    its `result` and its stderr."""
     script = textwrap.dedent(code) + REPORT
     if path is None:
-        proc = run([sys.executable, "-c", script], clean_env(**env))
+        argv = [sys.executable, "-c", script]
     else:
         path.write_text(script)
-        proc = run([sys.executable, str(path)], clean_env(**env))
+        argv = [sys.executable, str(path)]
+    proc = run(argv, quiet_env())
     return result_of(proc), proc.stderr
 
 
@@ -77,7 +66,8 @@ def policy_of(*directives: str) -> Policy:
     return policy
 
 
-ENV_PROBE = f"{{name: _os.environ.get(name) for name in {OUR_ENV!r}}}"
+ENV_PROBE = f"{{name: __import__('os').environ.get(name) for name in {OUR_ENV!r}}}"
+"""A Python expression: our variables as the process sees them (None: unset)."""
 
 
 # ----- configure() before import ------------------------------------------------------------------
@@ -98,18 +88,38 @@ def test_configure_before_import_applies_before_first_op(import_line):
 
 def test_configure_does_not_import_tensorflow_until_the_script_does():
     """Importing the package and `configure()` only arm the hook; TF and keras come with the script."""
-    result, _ = run_script("""
+    result, _ = run_script(f"""
         import sys
         import tfgpu_magic
         from tfgpu_magic import importhook
         heavy = ("tensorflow", "keras", "ipywidgets", "pynvml", "IPython")
         report = tfgpu_magic.configure("split cpu 2")
-        result = {"before": [m for m in heavy if m in sys.modules], "waiting": report.waiting,
-                  "armed": importhook.is_armed()}
+        result = {{"before": [m for m in heavy if m in sys.modules], "waiting": report.waiting,
+                  "armed": importhook.is_armed()}}
         import tensorflow as tf
-        result.update(after="tensorflow" in sys.modules, armed_after=importhook.is_armed(), cpus=%s)
-    """ % CPUS)
+        result.update(after="tensorflow" in sys.modules, armed_after=importhook.is_armed(), cpus={CPUS})
+    """)
     assert result == {"before": [], "waiting": True, "armed": True, "after": True, "armed_after": False, "cpus": 2}
+
+
+# ----- configure() too late --------------------------------------------------------------------
+def test_configure_after_initialization_warns_with_script_advice():
+    """Too late in a script: one warning naming the locked setting, advice that fits a script (no
+    kernel, no magic), no exception, TensorFlow unchanged."""
+    result, _ = run_script(f"""
+        import warnings
+        import tensorflow as tf
+        tf.constant(1)
+        import tfgpu_magic
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report = tfgpu_magic.configure("split cpu 2")
+        result = {{"ok": report.ok, "warnings": [str(w.message) for w in caught], "cpus": {CPUS}}}
+    """)
+    assert result["ok"] is False and result["cpus"] == 1
+    (message,) = result["warnings"]
+    assert "logical CPU devices: TF default → 2 logical devices" in message
+    assert "%tfgpu" not in message and "kernel" not in message
 
 
 # ----- the import hook never breaks the import ----------------------------------------------------
@@ -153,15 +163,16 @@ NO_ENV = dict.fromkeys(OUR_ENV)
          {**NO_ENV, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "TF_GPU_ALLOCATOR": "cuda_malloc_async",
           "TF_FORCE_GPU_ALLOW_GROWTH": "true"}),
         (GPU_POLICY, 1, {**NO_ENV, **GPU_ENV}),
+        (("growth on", "visible none"), 1, {**NO_ENV, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ""}),
     ],
-    ids=["cpu", "cpu+env", "gpu-policy"],
+    ids=["cpu", "cpu+env", "gpu-policy", "growth-only"],
 )
 def test_exported_python_puts_the_policy_in_force(tmp_path, directives, cpus, env):
     """`export python` run as a script in a fresh process: the split and variables are in force,
     and GPU settings are a clean no-op on this GPU-less machine."""
     code = export(policy_of(*directives), "python")
     check = f"result = {{'cpus': {CPUS}, 'gpus': len(tf.config.list_physical_devices('GPU')), 'env': {ENV_PROBE}}}"
-    result, stderr = run_script(code + "\nimport os as _os\n" + check, path=tmp_path / "policy.py")
+    result, stderr = run_script(code + "\n" + check, path=tmp_path / "policy.py")
     assert result == {"cpus": cpus, "gpus": 0, "env": env}
     assert "Traceback" not in stderr
 
@@ -181,18 +192,19 @@ def test_exported_env_sourced_in_bash(tmp_path, directives, inherited, expected)
     (an empty CUDA_VISIBLE_DEVICES stays set, `bfc` unsets an inherited allocator)."""
     exported = tmp_path / "policy.env"
     exported.write_text(export(policy_of(*directives), "env"))
-    probe = f"import json, os; print({RESULT!r} + json.dumps({ENV_PROBE.replace('_os', 'os')}))"
+    probe = f"import json; print({RESULT!r} + json.dumps({ENV_PROBE}))"
     proc = run(["bash", "-c", 'source "$1" && exec "$2" -c "$3"', "bash", str(exported), sys.executable, probe],
-               clean_env(**inherited))
+               quiet_env(**inherited))
     assert result_of(proc) == {**NO_ENV, **expected}
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: export drops a limit/split on a GPU given by UUID (no `visible`) silently")
-def test_exported_python_names_a_gpu_it_cannot_carry():
-    """A limit on a GPU given by UUID must not vanish from the exported script without a word."""
+@pytest.mark.parametrize("fmt", ["python", "env"])
+def test_export_names_a_gpu_it_cannot_carry(fmt):
+    """A limit on a GPU given by UUID (no inventory, not in `visible`) must not vanish from the
+    export without a word (regression: it used to be dropped silently)."""
     policy = policy_of("limit 2GB GPU-8932f937")
     assert policy.limits == (("GPU-8932f937", 2048),)
-    assert "GPU-8932f937" in export(policy, "python")
+    assert "GPU-8932f937" in export(policy, fmt)
 
 
 # ----- TF1 sessions -------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ from .errors import PolicyError
 from .grammar import Edit, GpuCatalog, parse_line
 from .inventory import InventoryCatalog
 from .plan import CUDA_ENV, OUR_ENV, Plan, build_plan, gpu_refs
-from .policy import Policy
-from .runtime import ApplyReport, ConfigAPI, TensorFlowConfig, apply_plan
+from .policy import Policy, is_index
+from .runtime import ApplyReport, ConfigAPI, RuntimeState, TensorFlowConfig, any_logical_recorded, apply_plan
 
 _UNSET = object()
 
@@ -53,7 +53,10 @@ class Controller:
         """Apply all `edits` to the policy, all or nothing, then apply the policy."""
         policy = self.policy
         for edit in edits:
-            policy = edit.change(policy)
+            try:
+                policy = edit.change(policy)
+            except PolicyError as err:
+                raise PolicyError(f"line {edit.line}: {err}" if edit.line else str(err)) from None
         return self.set_policy(policy)
 
     def edit_policy(self, lines: Iterable[str], base: Policy | None = None) -> Policy:
@@ -73,21 +76,30 @@ class Controller:
         return report
 
     # ----- applying ------------------------------------------------------------------------
-    def plan(self) -> Plan:
-        """The plan for the current policy, for TensorFlow as it is now in this process."""
-        state = self.api.state()
+    def plan(self, state: RuntimeState | None = None, probe: bool = False) -> Plan:
+        """The plan for the current policy, for TensorFlow as it is in `state` (default: now).
+
+        With `probe` (about to apply; the `CUDA_*` variables are already set), or once CUDA started
+        anyway, it asks TensorFlow whether a logical-device configuration is already recorded."""
+        state = state or self.api.state()
+        recorded = (state.devices_listed or (probe and state.imported)) and any_logical_recorded(self.api)
         inherited = self.environ.get("CUDA_VISIBLE_DEVICES") if state.devices_listed else self._inherited_cvd()
-        uuids = [ref for ref in gpu_refs(self.policy) if not ref.isdigit()]
+        uuids = [ref for ref in gpu_refs(self.policy) if not is_index(ref)]
         aliases = self.catalog.uuid_to_index() if uuids and hasattr(self.catalog, "uuid_to_index") else None
-        return build_plan(self.policy, inherited, cuda_started=state.devices_listed, aliases=aliases)
+        return build_plan(self.policy, inherited, cuda_started=state.devices_listed, aliases=aliases,
+                          logical_recorded=recorded)
 
     def apply(self) -> ApplyReport:
         """Apply the policy now as far as TensorFlow allows; arm the import hook if TF is not loaded."""
         state = self.api.state()
-        plan = self.plan()
+        plan = self.plan(state)
         env_applied, env_locked = self._sync_env(plan, state)
         if state.imported:
             importhook.disarm()
+            plan = self.plan(state, probe=True)
+            more_applied, more_locked = self._sync_env(plan, state)
+            env_applied += more_applied
+            env_locked += [item for item in more_locked if item not in env_locked]
             report = apply_plan(plan, self.api)
         else:
             importhook.arm(self._on_import)
@@ -111,7 +123,7 @@ class Controller:
         name = "CUDA_VISIBLE_DEVICES"
         return self._original_env[name] if name in self._original_env else self.environ.get(name)
 
-    def _sync_env(self, plan: Plan, state) -> tuple[list[str], list[str]]:  # noqa: ANN001
+    def _sync_env(self, plan: Plan, state: RuntimeState) -> tuple[list[str], list[str]]:
         """Set our variables as the plan says, restore those it no longer needs.
 
         Returns (changed, locked): `CUDA_*` are left alone once CUDA started, everything once the
@@ -161,7 +173,7 @@ def configure(*directives: str) -> ApplyReport:
     if not report.ok:
         import warnings
 
-        from .status import describe_report
+        from .status import SCRIPT_RESTART_HINT, describe_report
 
-        warnings.warn(describe_report(report), stacklevel=2)
+        warnings.warn(describe_report(report, SCRIPT_RESTART_HINT), stacklevel=2)
     return report

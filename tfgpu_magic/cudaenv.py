@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .policy import is_index
+
 _UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z/-]+$", re.IGNORECASE)
 
 
@@ -35,10 +37,11 @@ def parse_cuda_visible(raw: str | None, known: set[str] | None = None) -> CudaVi
     for token in (t.strip() for t in raw.split(",")):
         if not token and not entries and raw.strip() == "":
             break
-        valid = token.isdigit() or bool(_UUID.match(token))
+        entry = str(int(token)) if is_index(token) else token
+        valid = is_index(token) or bool(_UUID.match(token))
         if valid and known is not None:
-            valid = token in known or (not token.isdigit() and any(k.startswith(token) for k in known))
-        if not valid or token in entries:
+            valid = entry in known or (not is_index(token) and any(k.startswith(token) for k in known))
+        if not valid or entry in entries:
             return CudaVisible(raw, tuple(entries), token or "(empty entry)")
-        entries.append(str(int(token)) if token.isdigit() else token)
+        entries.append(entry)
     return CudaVisible(raw, tuple(entries))

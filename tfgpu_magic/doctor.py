@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import importlib.util
+import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -85,7 +86,7 @@ def _tf_distribution() -> str | None:
 
 def _has_tensorflow(python: str) -> bool | None:
     """Whether `python` can find tensorflow (without importing it)."""
-    if Path(python).resolve() == Path(sys.executable).resolve():
+    if same_environment(python, sys.executable):
         return importlib.util.find_spec("tensorflow") is not None
     import subprocess
 
@@ -98,6 +99,12 @@ def _has_tensorflow(python: str) -> bool | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.returncode == 0
+
+
+def same_environment(python: str, other: str) -> bool:
+    """Two interpreters of one environment live in one bin folder. Symlinks are not resolved: a
+    venv's python links to its base interpreter, yet has other packages."""
+    return Path(os.path.abspath(python)).parent == Path(os.path.abspath(other)).parent
 
 
 def read_build_info(tf_dir: Path) -> dict[str, object]:
@@ -134,7 +141,7 @@ def _check_tensorflow(m: Machine) -> Check:
         return Check("TensorFlow build", FAIL, f"{m.tf_distribution or 'TensorFlow'} is a CPU-only build: it never uses a GPU",
                      "pip uninstall tensorflow-cpu && pip install 'tensorflow[and-cuda]' (Linux)")
     return Check("TensorFlow build", OK,
-                 f"{m.tf_distribution}, built with CUDA {info.get('cuda_version', '?')}, cuDNN {info.get('cudnn_version', '?')}")
+                 f"{m.tf_distribution or 'TensorFlow'}, built with CUDA {info.get('cuda_version', '?')}, cuDNN {info.get('cudnn_version', '?')}")
 
 
 def _check_nvml(m: Machine) -> Check:
@@ -185,7 +192,9 @@ def _check_device_order(m: Machine) -> Check:
 
 
 def _check_python(m: Machine) -> Check | None:
-    if m.path_python is None or Path(m.path_python).resolve() == Path(m.python).resolve():
+    if m.path_python is None:
+        return Check("Python", INFO, f"the kernel runs {m.python}; there is no `python3` on PATH")
+    if same_environment(m.path_python, m.python):
         return Check("Python", OK, f"the kernel runs {m.python}, the same as `python3` on PATH")
     extra = ""
     if m.path_python_has_tf and m.tf_dir is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 
 class PolicyError(ValueError):
     """A directive or policy the user asked for is malformed or contradictory.
@@ -9,3 +11,8 @@ class PolicyError(ValueError):
     The message is one line that says what is wrong and what is accepted.
     Raising it guarantees that nothing (policy, environment, TensorFlow) was changed.
     """
+
+
+def warn(message: str) -> None:
+    """One line on stderr, prefixed `tfgpu_magic:`; for problems that must not stop a kernel."""
+    print(f"tfgpu_magic: {message}", file=sys.stderr)

@@ -26,7 +26,7 @@ def export(policy: Policy, fmt: str = "python") -> str:
 
 def to_python(plan: Plan) -> str:
     """A script that realises `plan` in a fresh process (a no-op on parts the machine lacks)."""
-    lines = [HEADER]
+    lines = [HEADER, *_note_comments(plan)]
     if plan.env:
         lines += ["import os", ""]
     for name, value in plan.env:
@@ -68,7 +68,7 @@ def to_env(plan: Plan) -> str:
     env = plan.env_map
     if plan.growth is not None:
         env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true" if plan.growth else "false"
-    lines = [HEADER.replace("run it", "source it")]
+    lines = [HEADER.replace("run it", "source it"), *_note_comments(plan)]
     for name, value in env.items():
         lines.append(f"export {name}={shlex.quote(value)}" if value is not None else f"unset {name}")
     if plan.gpu_configs or plan.cpu_devices is not None:
@@ -76,3 +76,8 @@ def to_env(plan: Plan) -> str:
             "# memory limits and logical devices have no environment variable: use `%tfgpu export python`"
         )
     return "\n".join(lines) + "\n"
+
+
+def _note_comments(plan: Plan) -> list[str]:
+    """The plan's notes as comments, so an export never drops a setting without a word."""
+    return [f"# Note: {note}" for note in plan.notes]

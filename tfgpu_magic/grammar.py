@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 from .errors import PolicyError
-from .policy import ALL_GPUS, ALLOCATORS, MAX_MIB, MAX_VIRTUAL_DEVICES, Policy, sort_gpu_items
+from .policy import ALL_GPUS, ALLOCATORS, MAX_GPU_INDEX, MAX_MIB, MAX_VIRTUAL_DEVICES, Policy, is_index, sort_gpu_items
 
-MAX_GPU_INDEX = 255
 ACTIONS = ("status", "apply", "export", "restart", "doctor", "panel", "default", "autoload", "kernelspec")
 CHOICES = {"export": ("python", "env", "json"), "default": ("save", "clear", "show"), "autoload": ("on", "off")}
 EDITS = ("growth", "limit", "visible", "split", "allocator", "reset")
@@ -46,6 +46,8 @@ class Edit:
 
     text: str
     change: Callable[[Policy], Policy]
+    line: int = 0
+    """Line number in a `%%tfgpu` cell (0 for a line magic), named in errors."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ def parse_cell(text: str, catalog: GpuCatalog | None = None) -> list[Edit]:
                 f"line {number}: `{directive.name}` is not allowed in a %%tfgpu cell "
                 f"(only {', '.join(EDITS)}); run it as a line magic"
             )
-        edits.append(directive)
+        edits.append(dataclasses.replace(directive, line=number))
     return edits
 
 
@@ -137,9 +139,10 @@ def _limit(args: list[str], catalog: GpuCatalog | None) -> Callable[[Policy], Po
     if args[0].lower() == "off":
         return lambda policy: _limit_off(policy, gpus)
     size = parse_size(args[0])
+    if gpus is None and _is_percent(size):  # every visible card, each by its own total
+        return lambda policy: policy.replace(limits=sort_gpu_items(_per_gpu_mib(size, catalog, policy.visible)))
     if gpus is None:
-        entries = _per_gpu_mib(size, catalog, None) if _is_percent(size) else [(ALL_GPUS, int(size))]
-        return lambda policy: policy.replace(limits=sort_gpu_items(entries))
+        return lambda policy: policy.replace(limits=((ALL_GPUS, int(size)),))
     entries = _per_gpu_mib(size, catalog, gpus)
 
     def change(policy: Policy) -> Policy:
@@ -190,9 +193,7 @@ def _auto_pick(word: str, catalog: GpuCatalog | None) -> tuple[tuple[str, ...], 
     if len(ranked) < count:
         raise PolicyError(f"visible auto:{count}: this machine has only {len(ranked)} GPU(s)")
     picked = ranked[:count]
-    why = "auto picked " + ", ".join(
-        f"GPU {g.index} ({g.memory_free_mib} MiB free, {g.utilization_pct}% busy)" for g in picked
-    )
+    why = "auto picked " + ", ".join(f"GPU {g.index} ({_free_and_busy(g)})" for g in picked)
     return tuple(g.uuid for g in picked), why
 
 
@@ -203,7 +204,10 @@ def _split(args: list[str], catalog: GpuCatalog | None) -> Callable[[Policy], Po
         which = args[1] if len(args) == 2 else None
         return _split_off(which, catalog)
     if len(args) != 2:
-        raise PolicyError(f"split {args[0]}: missing the parts, e.g. `split {args[0]} 2x2GB`")
+        if target == "cpu":
+            raise PolicyError("split cpu: missing COUNT, e.g. `split cpu 2`")
+        gpu = parse_gpu(args[0], catalog)
+        raise PolicyError(f"split {gpu}: missing the parts, e.g. `split {gpu} 2x2GB`")
     if target == "cpu":
         count = parse_count(args[1], "split cpu")
         return lambda policy: policy.replace(cpu_devices=count)
@@ -265,7 +269,12 @@ def parse_size(text: str) -> float:
     """`4096`, `512MB`, `1.5GB`, `2GiB`, `3G` → MiB (float); `50%` → `Percent(50)`."""
     match = _SIZE.match(text.strip())
     if not match:
-        raise PolicyError(f"not a size: {text!r}; use MiB (4096) or a unit (512MB, 1.5GB, 2GiB) or NN%")
+        if text.strip().startswith("-"):
+            raise PolicyError(f"size {text!r} is negative; sizes must be positive, e.g. 4096 or 2GB")
+        raise PolicyError(
+            f"not a size: {text!r}; use MiB (4096), MB/MiB or GB/GiB/G (512MB, 1.5GB), or NN%, "
+            f"at most {MAX_MIB // 1024} GiB"
+        )
     number, unit = float(match.group(1)), (match.group(2) or "").lower() or None
     if unit == "%":
         if not 0 < number <= 100:
@@ -300,6 +309,14 @@ def _per_gpu_mib(size: float, catalog: GpuCatalog | None, gpus: tuple[str, ...] 
     return entries
 
 
+def _free_and_busy(gpu: object) -> str:
+    free, busy = getattr(gpu, "memory_free_mib", None), getattr(gpu, "utilization_pct", None)
+    parts = [f"{free} MiB free" if free is not None else "free memory unknown"]
+    if busy is not None:
+        parts.append(f"{busy}% busy")
+    return ", ".join(parts)
+
+
 def parse_parts(text: str, gpu: str, catalog: GpuCatalog | None) -> tuple[int, ...]:
     """`2x2GB` or `1GB,3GB` → sizes in MiB, one per virtual GPU."""
     match = _SPLIT_COUNT.match(text.strip())
@@ -317,7 +334,7 @@ def parse_parts(text: str, gpu: str, catalog: GpuCatalog | None) -> tuple[int, .
 
 def parse_count(text: str, what: str) -> int:
     """A device count, 1 to `MAX_VIRTUAL_DEVICES`."""
-    if not text.isdigit():
+    if not is_index(text):
         raise PolicyError(f"{what}: COUNT must be a whole number, got {text!r}")
     count = int(text)
     if not 1 <= count <= MAX_VIRTUAL_DEVICES:
@@ -332,13 +349,13 @@ def parse_gpus(text: str, catalog: GpuCatalog | None = None) -> tuple[str, ...]:
         item = item.strip()
         if not item:
             raise PolicyError(f"empty entry in GPU list {text!r}; use e.g. 0,1 or 0-3")
-        if re.fullmatch(r"\d+-\d+", item):
+        if re.fullmatch(r"[0-9]+-[0-9]+", item):
             first, last = (int(n) for n in item.split("-"))
             if first > last:
                 raise PolicyError(f"GPU range {item!r} runs backwards; write {last}-{first}")
-            refs.extend(parse_gpu(str(n), catalog) for n in range(first, min(last, MAX_GPU_INDEX + 1) + 1))
             if last > MAX_GPU_INDEX:
                 parse_gpu(str(last), catalog)
+            refs.extend(parse_gpu(str(n), catalog) for n in range(first, last + 1))
         else:
             refs.append(parse_gpu(item, catalog))
     for ref in refs:
@@ -350,17 +367,23 @@ def parse_gpus(text: str, catalog: GpuCatalog | None = None) -> tuple[str, ...]:
 def parse_gpu(text: str, catalog: GpuCatalog | None = None) -> str:
     """One GPU: an nvidia-smi index, a GPU/MIG UUID or a unique UUID prefix."""
     item = text.strip()
-    if re.fullmatch(r"-\d+", item):
+    if re.fullmatch(r"-[0-9]+", item):
         raise PolicyError(f"{item} is not a GPU; to hide every GPU use `visible none`")
-    if item.isdigit():
+    if is_index(item):
         if int(item) > MAX_GPU_INDEX:
             raise PolicyError(f"GPU index {item} is out of range (0 to {MAX_GPU_INDEX})")
         ref = str(int(item))
     elif _UUID.match(item):
-        ref = item[:3].upper() + item[3:]
+        ref = canonical_uuid(item)
     else:
         raise PolicyError(f"not a GPU: {text!r}; use an index (0), a range (0-3) or a UUID (GPU-8932f937)")
     return catalog.resolve(ref) if catalog is not None else ref
+
+
+def canonical_uuid(text: str) -> str:
+    """`gpu-8932F937` → `GPU-8932f937`: NVML writes UUIDs with an upper-case prefix, lower-case hex."""
+    parts = text.split("-")
+    return "-".join(part.upper() if part.upper() in ("GPU", "MIG") else part.lower() for part in parts)
 
 
 def _expect(name: str, args: list[str], least: int, most: int, usage: str = "") -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import PolicyError
+from .policy import is_index
 
 MIB = 1024 * 1024
 CACHE_SECONDS = 2.0
@@ -65,7 +66,7 @@ class Inventory:
 
     def find(self, ref: str) -> Gpu | MigDevice:
         """The GPU (or MIG device) `ref` names: an index, a UUID or a unique UUID prefix."""
-        if ref.isdigit():
+        if is_index(ref):
             for gpu in self.gpus:
                 if gpu.index == int(ref):
                     return gpu
@@ -76,7 +77,8 @@ class Inventory:
             return (exact or matches)[0]
         if not matches:
             raise PolicyError(f"no GPU has a UUID starting with {ref}; this machine has {self.describe_choices()}")
-        raise PolicyError(f"{ref} matches {len(matches)} devices; give more of the UUID")
+        candidates = ", ".join(d.uuid for d in matches)
+        raise PolicyError(f"{ref} matches {len(matches)} devices ({candidates}); give more of the UUID")
 
     def devices(self) -> list[Gpu | MigDevice]:
         return [d for gpu in self.gpus for d in (gpu, *gpu.mig_devices)]
@@ -111,7 +113,7 @@ class InventoryCatalog:
         if not inventory.available:
             return ref
         device = inventory.find(ref)
-        return device.ref if ref.isdigit() and isinstance(device, Gpu) else device.uuid
+        return device.ref if is_index(ref) and isinstance(device, Gpu) else device.uuid
 
     def total_mib(self, ref: str) -> int | None:
         return self._require(PERCENT_UNKNOWN).find(ref).memory_total_mib

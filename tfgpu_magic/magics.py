@@ -7,18 +7,19 @@ from typing import Any, Callable
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from traitlets import List, Unicode
 
 from . import persist
 from .controller import Controller, get_controller
-from .errors import PolicyError
+from .errors import PolicyError, warn
 from .export import export
-from .grammar import Action, parse_cell, parse_words
+from .grammar import Action, parse_cell, parse_words, split_words
 from .policy import Policy
-from .status import describe_policy, describe_report, describe_status, pending_lines
+from .status import describe_policy, describe_report, describe_status, pending_groups
 
-OPTION_OWNERS = {"yes": "restart", "display_name": "kernelspec", "remove": "kernelspec"}
+OPTIONS = {"--yes": ("restart", False), "--display-name": ("kernelspec", True), "--remove": ("kernelspec", False)}
+"""Each option: the directive it belongs to, and whether it takes a value."""
 
 
 @magics_class
@@ -86,27 +87,29 @@ class TFGPUMagics(Magics):
                     raise PolicyError("%%tfgpu takes its directives in the cell body, not on the first line")
                 print(describe_report(self.controller.edit(parse_cell(cell, self.controller.catalog))))
                 return
-            args = parse_argstring(self.tfgpu, line)
-            directive = parse_words(args.directive, self.controller.catalog)
-            _check_options(args, directive)
+            words, options = split_options(line)
+            directive = parse_words(words, self.controller.catalog)
+            _check_options(options, directive)
             if isinstance(directive, Action):
-                self._act(directive, args)
+                self._act(directive, options)
             else:
                 print(describe_report(self.controller.edit([directive])))
         except PolicyError as err:
             raise UsageError(str(err)) from None
 
-    def _act(self, action: Action, args: Any) -> None:
+    def _act(self, action: Action, options: dict[str, Any]) -> None:
         handlers: dict[str, Callable[[], str]] = {
             "status": lambda: describe_status(self.controller),
             "apply": lambda: describe_report(self.controller.apply()),
             "export": lambda: export(self.controller.policy, action.arg or "python").rstrip("\n"),
-            "restart": lambda: self._restart(args.yes),
+            "restart": lambda: self._restart(bool(options.get("--yes"))),
             "doctor": lambda: _doctor(self.controller),
             "panel": self._panel,
             "default": lambda: self._default(action.arg or "show"),
             "autoload": lambda: persist.set_autoload(self._profile_dir(), action.arg == "on"),
-            "kernelspec": lambda: self._kernelspec(action.arg or "", args.display_name, args.remove),
+            "kernelspec": lambda: self._kernelspec(
+                action.arg or "", options.get("--display-name"), bool(options.get("--remove"))
+            ),
         }
         text = handlers[action.name]()
         if text:
@@ -117,7 +120,7 @@ class TFGPUMagics(Magics):
 
         if confirmed or getattr(self.shell, "kernel", None) is None:
             return restart_and_apply(self.shell, self.controller.policy)
-        pending = pending_lines(self.controller)
+        pending = [f"  - {item}" for _, items in pending_groups(self.controller) for item in items]
         summary = "\n".join(
             ["Restarting loses every variable of this kernel." + (" Changes it applies:" if pending else "")]
             + pending
@@ -169,12 +172,39 @@ def _doctor(controller: Controller) -> str:
     return doctor(controller)
 
 
-def _check_options(args: Any, directive: Any) -> None:
+def split_options(line: str) -> tuple[list[str], dict[str, Any]]:
+    """Words of the directive, and its `--options` (the `@argument` declarations above are the help).
+
+    Parsed here rather than by argparse so that `-1GB` reaches the grammar (and gets its message),
+    quotes and `#` comments behave as in a `%%tfgpu` cell, and every mistake is a `PolicyError`."""
+    words, options = [], {}
+    remaining = iter(split_words(line))
+    for word in remaining:
+        if not word.startswith("--"):
+            words.append(word)
+            continue
+        name, has_value, value = word.partition("=")
+        if name not in OPTIONS:
+            raise PolicyError(f"unknown option {name}; the options are {', '.join(OPTIONS)} (see %tfgpu?)")
+        if OPTIONS[name][1]:
+            value = value if has_value else next(remaining, "")
+            if not value:
+                raise PolicyError(f"{name} needs a value, e.g. {name} \"TensorFlow GPU 0\"")
+            options[name] = value
+        elif has_value:
+            raise PolicyError(f"{name} takes no value")
+        else:
+            options[name] = True
+    return words, options
+
+
+def _check_options(options: dict[str, Any], directive: Any) -> None:
     """Options belong to one directive each: `--yes` to restart, the others to kernelspec."""
     name = directive.name if isinstance(directive, Action) else directive.text.split()[0]
-    for option, owner in OPTION_OWNERS.items():
-        if getattr(args, option) and name != owner:
-            raise PolicyError(f"--{option.replace('_', '-')} only goes with `{owner}`")
+    for option in options:
+        owner = OPTIONS[option][0]
+        if name != owner:
+            raise PolicyError(f"{option} only goes with `{owner}`")
 
 
 def startup_policy(magics: TFGPUMagics) -> tuple[Policy | None, list[str]]:
@@ -192,7 +222,7 @@ def startup_policy(magics: TFGPUMagics) -> tuple[Policy | None, list[str]]:
         try:
             found = read()
         except (PolicyError, OSError) as err:
-            warnings.append(f"tfgpu_magic: ignoring the {source}: {err}")
+            warnings.append(f"ignoring the {source}: {err}")
             return
         if found is not None:
             policy = found
@@ -217,7 +247,7 @@ def load(shell: Any) -> TFGPUMagics:
     shell.register_magics(magics)
     policy, warnings = startup_policy(magics)
     for warning in warnings:
-        print(warning)
+        warn(warning)
     if policy is not None:
         report = magics.controller.set_policy(policy)
         if not report.ok:

@@ -8,6 +8,7 @@ imported only when a panel is built.
 
 from __future__ import annotations
 
+import html
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -17,7 +18,7 @@ from .errors import PolicyError
 from .export import export
 from .inventory import Gpu, cached_inventory
 from .policy import ALL_GPUS, Policy
-from .status import describe_report, pending_lines
+from .status import describe_report, pending_groups
 
 REFRESH_SECONDS = 2.0
 LOCK = "🔒 "
@@ -120,13 +121,14 @@ class Panel:
         self.splits = {row.ref: w.Text(placeholder="no split", layout=w.Layout(width="110px"),
                                        continuous_update=False) for row in self.rows}
         self.bars = {row.ref: w.HTML(memory_bar(row)) for row in self.rows}
-        self.apply_button = w.Button(description="Apply", icon="check")
-        self.restart_button = w.Button(description="Restart kernel and apply", icon="refresh", button_style="warning")
+        self.apply_button = w.Button(description="Apply", icon="check", layout=w.Layout(width="auto"))
+        self.restart_button = w.Button(description="Restart kernel and apply", icon="refresh", button_style="warning",
+                                        layout=w.Layout(width="auto"))
         self.confirm_button = w.Button(description="Yes, restart (variables are lost)", button_style="danger",
-                                       layout=w.Layout(display="none"))
-        self.cancel_button = w.Button(description="Cancel", layout=w.Layout(display="none"))
-        self.export_button = w.Button(description="Export", icon="code")
-        self.reset_button = w.Button(description="Reset", icon="undo")
+                                       layout=w.Layout(display="none", width="auto"))
+        self.cancel_button = w.Button(description="Cancel", layout=w.Layout(display="none", width="auto"))
+        self.export_button = w.Button(description="Export", icon="code", layout=w.Layout(width="auto"))
+        self.reset_button = w.Button(description="Reset", icon="undo", layout=w.Layout(width="auto"))
         self.live = w.Checkbox(description="live memory", indent=False, value=False)
         self.output = w.Output()
         self.widget = w.VBox([self.header, self._gpu_box(), w.HBox([self.growth, self.allocator, self.cpus]),
@@ -248,12 +250,10 @@ class Panel:
 
     def _header_html(self, state: Any) -> str:
         color = "var(--jp-warn-color1, #f57c00)" if state.initialized else "var(--jp-success-color1, #388e3c)"
-        lines = [f"<b>TensorFlow</b>: <span style='color:{color}'>{state.label}</span>"]
-        pending = pending_lines(self.controller)
-        if pending:
-            title = "Pending, needs a restart" if state.initialized else "Not applied yet"
-            items = "".join(f"<li>{line.strip().removeprefix('- ')}</li>" for line in pending)
-            lines.append(f"{title}:<ul style='margin:2px 0'>{items}</ul>")
+        lines = [f"<b>tfgpu</b> · TensorFlow: <span style='color:{color}'>{state.label}</span>"]
+        for title, items in pending_groups(self.controller):
+            entries = "".join(f"<li>{html.escape(item)}</li>" for item in items)
+            lines.append(f"{html.escape(title)}:<ul style='margin:2px 0'>{entries}</ul>")
         return "<br>".join(lines)
 
     def refresh_memory(self) -> None:

@@ -12,11 +12,10 @@ import os
 import re
 import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
-from .errors import PolicyError
+from .errors import PolicyError, warn
 from .policy import Policy
 
 FORMAT = "tfgpu_magic/policy/1"
@@ -58,7 +57,7 @@ def read_policy(path: Path) -> tuple[Policy, dict[str, Any]] | None:
     there but unusable) when there is none."""
     try:
         if path.stat().st_uid != os.getuid():
-            warnings.warn(f"tfgpu_magic: ignoring {path}: it belongs to another user", stacklevel=2)
+            warn(f"ignoring {path}: it belongs to another user")
             return None
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -67,7 +66,7 @@ def read_policy(path: Path) -> tuple[Policy, dict[str, Any]] | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as err:  # PolicyError and JSONDecodeError are ValueErrors
-        warnings.warn(f"tfgpu_magic: ignoring unusable policy file {path}: {err}", stacklevel=2)
+        warn(f"ignoring unusable policy file {path}: {err}")
         return None
 
 
@@ -94,7 +93,7 @@ def take_pending(kernel_id: str, directory: Path | None = None) -> Policy | None
     try:
         path.unlink()
     except OSError as err:
-        warnings.warn(f"tfgpu_magic: could not remove {path}: {err}", stacklevel=2)
+        warn(f"could not remove {path}: {err}")
     return found[0]
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from .cudaenv import parse_cuda_visible
-from .policy import ALL_GPUS, ALLOCATORS, Policy
+from .policy import ALL_GPUS, ALLOCATORS, Policy, is_index
 
 OUR_ENV = (
     "CUDA_DEVICE_ORDER",
@@ -90,7 +90,7 @@ def tf_index(ref: str, order: Sequence[str] | None, aliases: Mapping[str, str] |
     aliases = aliases or {}
     ref = aliases.get(ref, ref)
     if order is None:
-        return int(ref) if ref.isdigit() else None
+        return int(ref) if is_index(ref) else None
     canonical = [aliases.get(entry, entry) for entry in order]
     return canonical.index(ref) if ref in canonical else None
 
@@ -100,11 +100,14 @@ def build_plan(
     inherited_visible: str | None = None,
     cuda_started: bool = False,
     aliases: Mapping[str, str] | None = None,
+    logical_recorded: bool = False,
 ) -> Plan:
     """The plan for `policy`.
 
     `inherited_visible` is `CUDA_VISIBLE_DEVICES` as CUDA will see it apart from this policy (or, once
-    CUDA has started, as it saw it); `aliases` maps GPU UUIDs to indices. Once CUDA has started, `CUDA_*` variables are too late: GPUs are
+    CUDA has started, as it saw it); `aliases` maps GPU UUIDs to indices; `logical_recorded` says
+    TensorFlow already holds a logical-device configuration (so growth must go through the
+    environment). Once CUDA has started, `CUDA_*` variables are too late: GPUs are
     hidden through `tf.config.set_visible_devices` instead.
     """
     env: dict[str, str | None] = {}
@@ -116,8 +119,10 @@ def build_plan(
         if policy.visible is not None:
             indices = [tf_index(ref, order, aliases) for ref in policy.visible]
             unresolved += [ref for ref, index in zip(policy.visible, indices) if index is None]
-            visible_gpus = tuple(index for index in indices if index is not None)
-            notes.append("CUDA has already started: GPUs are hidden through tf.config.set_visible_devices")
+            resolved = tuple(index for index in indices if index is not None)
+            if order is None or sorted(resolved) != list(range(len(order))):
+                visible_gpus = resolved
+                notes.append("CUDA has already started: GPUs are hidden through tf.config.set_visible_devices")
     else:
         order = visible_order(policy, inherited_visible)
         if uses_gpu_settings(policy):
@@ -139,7 +144,7 @@ def build_plan(
             gpu_configs.append((index, sizes))
 
     growth = policy.growth
-    has_virtual = bool(gpu_configs) or policy.cpu_devices is not None
+    has_virtual = bool(gpu_configs) or policy.cpu_devices is not None or logical_recorded
     if policy.growth is True and has_virtual:
         env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
         growth = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -19,6 +20,23 @@ MAX_MIB = 1024 * 1024
 
 MAX_VIRTUAL_DEVICES = 64
 """Most logical devices one physical device may be split into."""
+
+MAX_GPU_INDEX = 255
+_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z][0-9A-Za-z/-]*$")
+
+
+def is_index(text: str) -> bool:
+    """True for an ASCII whole number (`str.isdigit` also accepts '²', which `int` rejects)."""
+    return text.isascii() and text.isdigit()
+
+
+def check_gpu_ref(ref: str) -> None:
+    """`PolicyError` unless `ref` is a canonical GPU reference: an index or a GPU/MIG UUID."""
+    if is_index(ref) and int(ref) <= MAX_GPU_INDEX and ref == str(int(ref)):
+        return
+    if _UUID.match(ref):
+        return
+    raise PolicyError(f"not a GPU reference: {ref!r}; expected an index (0) or a UUID (GPU-8932f937)")
 
 
 @dataclass(frozen=True)
@@ -60,6 +78,8 @@ class Policy:
     # ----- validation ----------------------------------------------------------------------
     def validate(self) -> None:
         """Raise `PolicyError` if the policy contradicts itself or TensorFlow's rules."""
+        for ref in [*(self.visible or ()), *(g for g, _ in self.limits if g != ALL_GPUS), *(g for g, _ in self.splits)]:
+            check_gpu_ref(ref)
         for gpu, mib in self.limits:
             _check_mib(mib, f"limit on GPU {gpu}")
         for gpu, sizes in self.splits:
@@ -85,7 +105,7 @@ class Policy:
         for gpu in targets:
             if not self.visible:
                 raise PolicyError(f"GPU {gpu} has a limit or split but `visible none` hides every GPU")
-            if gpu.isdigit() and all(v.isdigit() for v in self.visible) and gpu not in self.visible:
+            if is_index(gpu) and all(is_index(v) for v in self.visible) and gpu not in self.visible:
                 raise PolicyError(
                     f"GPU {gpu} has a limit or split but is not visible (visible: {','.join(self.visible)})"
                 )
@@ -125,15 +145,19 @@ class Policy:
         policy = cls(
             visible=None if visible is None else tuple(visible),
             growth=growth,
-            limits=sort_gpu_items(_int_items(data.get("limits") or {}, "limits")),
-            splits=sort_gpu_items(
-                (gpu, tuple(sizes)) for gpu, sizes in _list_items(data.get("splits") or {})
-            ),
+            limits=sort_gpu_items(_int_items(_or_empty(data, "limits"), "limits")),
+            splits=sort_gpu_items((gpu, tuple(sizes)) for gpu, sizes in _list_items(_or_empty(data, "splits"))),
             cpu_devices=cpu,
             allocator=allocator,
         )
         policy.validate()
         return policy
+
+
+def _or_empty(data: Mapping[str, Any], key: str) -> Any:
+    """`data[key]`, with a missing key or null meaning an empty mapping."""
+    value = data.get(key)
+    return {} if value is None else value
 
 
 def sort_gpu_items(items: Any) -> tuple:
@@ -143,7 +167,7 @@ def sort_gpu_items(items: Any) -> tuple:
         gpu = item[0]
         if gpu == ALL_GPUS:
             return (0, 0, "")
-        if gpu.isdigit():
+        if is_index(gpu):
             return (1, int(gpu), "")
         return (2, 0, gpu)
 

@@ -117,6 +117,8 @@ class Change:
     current: Any
     desired: Any
     run: Callable[[], None] = field(repr=False, compare=False)
+    needs_restart: bool = False
+    """TensorFlow cannot make this change in this process even before initialization."""
 
     def describe(self) -> str:
         return f"{self.what}: {show(self.current)} → {show(self.desired)}"
@@ -157,48 +159,76 @@ def show(value: Any) -> str:
 def pending_changes(plan: Plan, api: ConfigAPI) -> tuple[list[Change], list[str]]:
     """Every `tf.config` call the plan needs that TensorFlow has not recorded yet, and notes."""
     gpus, cpus = api.devices("GPU"), api.devices("CPU")
-    changes: list[Change] = []
-    notes: list[str] = []
-    if plan.visible_gpus is not None:
-        wanted = [gpus[i] for i in plan.visible_gpus if i < len(gpus)]
-        current = api.get_visible("GPU")
-        if [api.name(d) for d in current] != [api.name(d) for d in wanted]:
-            changes.append(
-                Change("visible GPUs", [api.name(d) for d in current], [api.name(d) for d in wanted],
-                       lambda: api.set_visible(wanted, "GPU"))
-            )
+    changes = [
+        *_visible_changes(plan, api, gpus),
+        *_logical_changes(plan, api, gpus, cpus),
+        *_growth_changes(plan, api, gpus, api.state().initialized),
+    ]
+    notes = []
     missing = sorted(i for i, _ in plan.gpu_configs if i is not None and i >= len(gpus))
     if missing:
         notes.append(f"TensorFlow sees {len(gpus)} GPU(s); no GPU:{', GPU:'.join(map(str, missing))} to configure")
-    for index, gpu in enumerate(gpus):
-        wanted_limits = plan.config_for(index)
-        if wanted_limits is None:
-            continue
-        recorded = api.get_logical(gpu)
-        if recorded != wanted_limits:
-            changes.append(_logical_change(api, gpu, f"logical devices of {api.name(gpu)}", recorded, wanted_limits))
-    if plan.cpu_devices is not None and cpus:
-        wanted_cpus: tuple[int | None, ...] = (None,) * plan.cpu_devices
-        recorded = api.get_logical(cpus[0])
-        if recorded != wanted_cpus and not (recorded is None and plan.cpu_devices == 1):
-            changes.append(_logical_change(api, cpus[0], "logical CPU devices", recorded, wanted_cpus))
-    if plan.growth is not None:
-        for index, gpu in enumerate(gpus):
-            if plan.config_for(index) is not None or api.get_logical(gpu) is not None:
-                continue
-            recorded_growth = bool(api.get_growth(gpu))
-            if recorded_growth != plan.growth:
-                changes.append(
-                    Change(f"memory growth of {api.name(gpu)}", recorded_growth, plan.growth,
-                           lambda gpu=gpu: api.set_growth(gpu, plan.growth))
-                )
-    if not gpus and (plan.growth is not None or plan.gpu_configs or plan.visible_gpus):
+    wants_gpu = plan.growth is not None or plan.gpu_configs or plan.visible_gpus
+    if not gpus and (wants_gpu or plan.env_map.get("TF_FORCE_GPU_ALLOW_GROWTH") == "true"):
         notes.append("TensorFlow sees no GPU: the GPU settings have nothing to apply to here")
     return changes, notes
 
 
-def _logical_change(api: ConfigAPI, device: Any, what: str, recorded: Any, wanted: tuple[int | None, ...]) -> Change:
-    return Change(what, recorded, wanted, lambda: api.set_logical(device, wanted))
+def _visible_changes(plan: Plan, api: ConfigAPI, gpus: list[Any]) -> list[Change]:
+    if plan.visible_gpus is None:
+        return []
+    wanted = [gpus[i] for i in sorted(set(plan.visible_gpus)) if i < len(gpus)]  # TF keeps physical order
+    current = api.get_visible("GPU")
+    if [api.name(d) for d in current] == [api.name(d) for d in wanted]:
+        return []
+    return [Change("visible GPUs", [api.name(d) for d in current], [api.name(d) for d in wanted],
+                   lambda: api.set_visible(wanted, "GPU"))]
+
+
+def _logical_changes(plan: Plan, api: ConfigAPI, gpus: list[Any], cpus: list[Any]) -> list[Change]:
+    """Logical-device configurations to set, and recorded ones the plan no longer wants (which
+    TensorFlow cannot remove: they stay until the process restarts)."""
+    targets = [(f"logical devices of {api.name(gpu)}", gpu, plan.config_for(i)) for i, gpu in enumerate(gpus)]
+    if cpus:
+        wanted_cpus = None if plan.cpu_devices is None else (None,) * plan.cpu_devices
+        targets.append(("logical CPU devices", cpus[0], wanted_cpus))
+    changes = []
+    for what, device, wanted in targets:
+        recorded = api.get_logical(device)
+        if recorded == wanted or (recorded is None and wanted == (None,)):
+            continue
+        if wanted is None:
+            changes.append(Change(what, recorded, None, _cannot_remove, needs_restart=True))
+        else:
+            changes.append(Change(what, recorded, wanted, lambda device=device, wanted=wanted: api.set_logical(device, wanted)))
+    return changes
+
+
+def _cannot_remove() -> None:
+    raise RuntimeError(f"Logical devices {LOCKED_MARKER} being set: TensorFlow has no call to remove them")
+
+
+def _growth_changes(plan: Plan, api: ConfigAPI, gpus: list[Any], initialized: bool) -> list[Change]:
+    """Growth on every GPU without logical devices. Before initialization the recorded value must
+    equal the wanted one exactly (TF refuses a mix of None and False at init); after, None == off."""
+    if plan.growth is None:
+        return []
+    changes = []
+    for index, gpu in enumerate(gpus):
+        if plan.config_for(index) is not None or api.get_logical(gpu) is not None:
+            continue
+        recorded = api.get_growth(gpu)
+        if (bool(recorded) if initialized else recorded) == plan.growth:
+            continue
+        changes.append(Change(f"memory growth of {api.name(gpu)}", recorded, plan.growth,
+                              lambda gpu=gpu: api.set_growth(gpu, plan.growth)))
+    return changes
+
+
+def any_logical_recorded(api: ConfigAPI) -> bool:
+    """True if TensorFlow holds any logical-device configuration (which drops GPU growth)."""
+    devices = api.devices("GPU") + api.devices("CPU")[:1]
+    return any(api.get_logical(device) is not None for device in devices)
 
 
 def apply_plan(plan: Plan, api: ConfigAPI | None = None) -> ApplyReport:

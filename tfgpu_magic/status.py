@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from .controller import Controller
 
 RESTART_HINT = "Run `%tfgpu restart` to restart the kernel with the policy in force."
+SCRIPT_RESTART_HINT = "Start a new Python process and call configure() before TensorFlow is imported."
 
 
 def describe_policy(policy: Policy) -> list[str]:
@@ -35,15 +36,17 @@ def describe_policy(policy: Policy) -> list[str]:
     return parts
 
 
-def describe_report(report: ApplyReport) -> str:
+def describe_report(report: ApplyReport, restart_hint: str = RESTART_HINT) -> str:
     """What an edit or apply did, in a few lines; names what is locked and how to get past it."""
     lines = []
     if report.locked:
         lines.append(
-            "TensorFlow's runtime is already initialized in this kernel, so these settings cannot change now:"
+            "TensorFlow's runtime is already initialized in this process, so these settings cannot change now:"
+            if report.state.initialized
+            else "TensorFlow cannot change these settings in this process any more:"
         )
         lines += [f"  - {item}" for item in report.locked]
-        lines.append("The policy is recorded. " + RESTART_HINT)
+        lines.append("The policy is recorded. " + restart_hint)
     if report.failed:
         lines.append("TensorFlow refused part of the policy:")
         lines += [f"  - {item}" for item in report.failed]
@@ -69,15 +72,15 @@ def describe_status(controller: Controller) -> str:
     env = [f"{name}={controller.environ[name]}" for name in OUR_ENV if name in controller.environ]
     lines.append("Environment: " + (", ".join(env) if env else "none of CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, "
                                     "TF_GPU_ALLOCATOR, TF_FORCE_GPU_ALLOW_GROWTH set"))
-    lines += describe_gpus(cached_inventory())
+    inventory = getattr(controller.catalog, "inventory", None)
+    lines += describe_gpus(inventory if isinstance(inventory, Inventory) else cached_inventory())
     if state.imported:
         recorded = recorded_settings(controller.api)
         lines.append("TensorFlow recorded:" + ("" if recorded else " nothing yet (devices not listed)"))
         lines += [f"  {line}" for line in recorded]
-    pending = pending_lines(controller)
-    if pending:
-        lines.append("Pending, needs a restart:" if state.initialized else "Not applied yet (`%tfgpu apply`):")
-        lines += pending
+    for title, items in pending_groups(controller):
+        lines.append(f"{title}:")
+        lines += [f"  - {item}" for item in items]
     lines += [f"Note: {note}" for note in controller.plan().notes]
     return "\n".join(lines)
 
@@ -106,9 +109,14 @@ def _mib(value: int | None) -> str:
     return "?" if value is None else str(value)
 
 
-def pending_lines(controller: Controller) -> list[str]:
-    """Settings TensorFlow has not taken yet, one `  - ...` line each; empty before CUDA started."""
-    if not controller.api.state().devices_listed:
+def pending_groups(controller: Controller) -> list[tuple[str, list[str]]]:
+    """Settings TensorFlow has not taken yet, as (title, descriptions) groups: those only a restart
+    can make, and those `%tfgpu apply` still can. Empty before CUDA started (nothing to compare)."""
+    state = controller.api.state()
+    if not state.devices_listed:
         return []
     changes, _ = pending_changes(controller.plan(), controller.api)
-    return [f"  - {change.describe()}" for change in changes]
+    restart = [c.describe() for c in changes if state.initialized or c.needs_restart]
+    apply = [c.describe() for c in changes if not (state.initialized or c.needs_restart)]
+    groups = [("Pending, needs a restart", restart), ("Not applied yet (`%tfgpu apply`)", apply)]
+    return [(title, items) for title, items in groups if items]

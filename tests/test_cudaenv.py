@@ -1,0 +1,110 @@
+"""`CUDA_VISIBLE_DEVICES` read the way CUDA reads it: `parse_cuda_visible` (pure)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fake_nvml import MIG_UUIDS, UUIDS
+from tfgpu_magic.cudaenv import parse_cuda_visible
+
+KNOWN = {"0", "1", "2", "3", *UUIDS, *MIG_UUIDS}
+"""What exists on the standard four-GPU machine of tests/fake_nvml.py."""
+
+
+@pytest.mark.parametrize("raw", [None, "", "   ", "0", "-1"])
+def test_restricts_and_hides_all(raw: str | None) -> None:
+    """Unset restricts nothing; empty (or only spaces) or a first invalid entry hides every GPU."""
+    parsed = parse_cuda_visible(raw)
+    assert parsed.restricts == (raw is not None)
+    assert parsed.hides_all == (raw is not None and raw != "0")
+
+
+@pytest.mark.parametrize("raw", ["", "   "])
+def test_empty_hides_all_without_an_invalid_entry(raw: str) -> None:
+    """An empty value is not an error: nothing to stop at."""
+    assert parse_cuda_visible(raw).stopped_at is None
+
+
+@pytest.mark.parametrize(
+    "raw, entries",
+    [
+        ("0", ("0",)),
+        ("2,0,1", ("2", "0", "1")),
+        (" 1 , 3 ", ("1", "3")),
+        ("\t0,\t1", ("0", "1")),
+        ("02", ("2",)),
+        (UUIDS[1], (UUIDS[1],)),
+        ("GPU-b1c2", ("GPU-b1c2",)),
+        ("gpu-b1c2,0", ("gpu-b1c2", "0")),
+        (MIG_UUIDS[0], (MIG_UUIDS[0],)),
+        ("MIG-GPU-b1c2d3e4/1/0", ("MIG-GPU-b1c2d3e4/1/0",)),
+        (f"1,{UUIDS[2]}", ("1", UUIDS[2])),
+    ],
+)
+def test_valid_entries(raw: str, entries: tuple[str, ...]) -> None:
+    """Indices (normalized), GPU/MIG UUIDs and prefixes, in the order given, whitespace ignored."""
+    parsed = parse_cuda_visible(raw)
+    assert (parsed.raw, parsed.entries, parsed.stopped_at) == (raw, entries, None)
+
+
+@pytest.mark.parametrize(
+    "raw, entries, stopped_at",
+    [
+        ("-1", (), "-1"),
+        ("0,-1,1", ("0",), "-1"),
+        ("1,foo,2", ("1",), "foo"),
+        ("0,1.5", ("0",), "1.5"),
+        ("0 1", (), "0 1"),
+        ("GPU-", (), "GPU-"),
+        ("1,1", ("1",), "1"),
+        (f"{UUIDS[0]},0,{UUIDS[0]}", (UUIDS[0], "0"), UUIDS[0]),
+        ("0,,1", ("0",), "(empty entry)"),
+        (",0", (), "(empty entry)"),
+        ("0,1,", ("0", "1"), "(empty entry)"),
+        ("0,00", ("0",), "00"),
+        ("0,²", ("0",), "²"),
+    ],
+)
+def test_stops_at_first_invalid_entry(raw: str, entries: tuple[str, ...], stopped_at: str) -> None:
+    """CUDA uses the entries before the first invalid one (-1, garbage, a repeat, even written
+    differently) and ignores the rest."""
+    parsed = parse_cuda_visible(raw)
+    assert (parsed.entries, parsed.stopped_at) == (entries, stopped_at)
+    assert parsed.hides_all == (not entries)
+
+
+@pytest.mark.parametrize(
+    "raw, entries, stopped_at",
+    [
+        ("3,0", ("3", "0"), None),
+        ("0,4,1", ("0",), "4"),
+        ("7", (), "7"),
+        ("GPU-b2d4,1", (UUIDS[2][:8], "1"), None),
+        ("GPU-ffff,0", (), "GPU-ffff"),
+        (f"{MIG_UUIDS[1]}", (MIG_UUIDS[1],), None),
+        ("MIG-0000", (), "MIG-0000"),
+        ("01,2", ("1", "2"), None),
+    ],
+)
+def test_known_devices(raw: str, entries: tuple[str, ...], stopped_at: str | None) -> None:
+    """With `known`, an index or UUID that does not exist on this machine is invalid too."""
+    parsed = parse_cuda_visible(raw, KNOWN)
+    assert (parsed.entries, parsed.stopped_at) == (entries, stopped_at)
+
+
+TOKENS = st.sampled_from(["0", "1", "2", "3", "-1", "x", "", " 1 ", "GPU-ab", "MIG-cd", "GPU-ab "])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(TOKENS, max_size=6))
+def test_entries_are_a_clean_prefix(tokens: list[str]) -> None:
+    """Entries are unique, come from a prefix of the tokens, and re-parse to themselves."""
+    raw = ",".join(tokens)
+    parsed = parse_cuda_visible(raw)
+    assert len(set(parsed.entries)) == len(parsed.entries)
+    assert list(parsed.entries) == [t.strip() for t in tokens[: len(parsed.entries)]]
+    assert (parsed.stopped_at is None) == (len(parsed.entries) == len(tokens) or raw.strip() == "")
+    again = parse_cuda_visible(",".join(parsed.entries))
+    assert (again.entries, again.stopped_at) == (parsed.entries, None)

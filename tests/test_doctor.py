@@ -1,0 +1,407 @@
+"""`%tfgpu doctor`: ordered checks over a hand-built `Machine` (fake inventory, fake TF state),
+the build-info reader, the report on this very machine, and the magic on a real IPython shell.
+TensorFlow is never imported in this process."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.terminal.interactiveshell import TerminalInteractiveShell
+from IPython.testing import tools
+
+from fake_nvml import NVML_ERROR_DRIVER_NOT_LOADED, FakeNvml, four_gpus
+from tfgpu_magic import doctor, importhook
+from tfgpu_magic.controller import Controller
+from tfgpu_magic.doctor import FAIL, INFO, OK, WARN, Machine
+from tfgpu_magic.inventory import Inventory, Nvml, read_inventory
+from tfgpu_magic.magics import TFGPUMagics
+from tfgpu_magic.policy import Policy
+from tfgpu_magic.runtime import RuntimeState
+
+CUDA_BUILD = ("build_info = collections.OrderedDict([('is_cuda_build', True), ('cuda_version', '12.5'), "
+              "('cudnn_version', '9')])")
+CPU_BUILD = "build_info = collections.OrderedDict([('is_cuda_build', False), ('is_rocm_build', False)])"
+FOUR = read_inventory(Nvml(module=FakeNvml(four_gpus())))
+NO_DRIVER = read_inventory(Nvml(module=FakeNvml(four_gpus(), init_error=NVML_ERROR_DRIVER_NOT_LOADED)))
+NODES = ("/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia3", "/dev/nvidiactl")
+CHECK = re.compile(r"^\[(?P<verdict>[ a-zA-Z]{4})\] (?P<name>[^:]+): (?P<detail>.*)$")
+
+
+class FakeAPI:
+    """The two `ConfigAPI` calls the doctor makes; `gpus=None`: TensorFlow has not listed devices."""
+
+    def __init__(self, gpus: int | None = None) -> None:
+        self.gpus = gpus
+
+    def state(self) -> RuntimeState:
+        listed = self.gpus is not None
+        return RuntimeState(imported=listed, devices_listed=listed)
+
+    def devices(self, kind: str) -> list[str]:
+        assert kind == "GPU" and self.gpus is not None, "the doctor listed devices before TensorFlow did"
+        return [f"GPU:{i}" for i in range(self.gpus)]
+
+
+def write_tf(root: Path, source: str) -> Path:
+    """A TensorFlow package directory whose python/platform/build_info.py holds `source`."""
+    platform = root / "tensorflow" / "python" / "platform"
+    platform.mkdir(parents=True, exist_ok=True)
+    (platform / "build_info.py").write_text(f'"""Auto-generated module."""\nimport collections\n\n{source}\n')
+    return root / "tensorflow"
+
+
+@pytest.fixture
+def tf_dirs(tmp_path: Path) -> dict[str, Path]:
+    """TensorFlow directories of a CUDA build, a CPU-only build and one with a broken build_info.py."""
+    return {"cuda": write_tf(tmp_path / "cuda", CUDA_BUILD), "cpu": write_tf(tmp_path / "cpu", CPU_BUILD),
+            "broken": write_tf(tmp_path / "broken", "build_info = collections.OrderedDict([(")}
+
+
+def make_machine(tf_dirs: dict[str, Path], tf: str | None = "cuda", **changes) -> Machine:  # noqa: ANN003
+    """A healthy GPU machine (CUDA build, four GPUs, TF lists all four), with `changes`."""
+    base = Machine(
+        environ={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+        inventory=FOUR,
+        policy=Policy(),
+        api=FakeAPI(4),
+        tf_dir=None if tf is None else tf_dirs[tf],
+        tf_distribution="tensorflow 2.21.0",
+        device_nodes=NODES,
+        python="/opt/conda/bin/python3",
+        path_python="/opt/conda/bin/python3",
+        path_python_has_tf=True,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def parse_report(text: str) -> tuple[list[tuple[str, str, str, str]], str]:
+    """(verdict, name, detail, fix) per check line, and the closing summary."""
+    body, blank, summary = text.rpartition("\n\n")
+    assert blank and "\n" not in summary, text
+    checks: list[list[str]] = []
+    for line in body.splitlines():
+        if line.startswith("       fix: "):
+            assert checks and not checks[-1][3], f"a fix without its check: {line}"
+            checks[-1][3] = line.removeprefix("       fix: ")
+            continue
+        match = CHECK.match(line)
+        assert match, f"not a check line: {line!r}"
+        checks.append([match["verdict"].strip(), match["name"], match["detail"], ""])
+    return [tuple(c) for c in checks], summary
+
+
+ORDER = ("TensorFlow", "TensorFlow build", "NVIDIA driver / NVML", "device nodes", "CUDA_VISIBLE_DEVICES",
+         "CUDA_DEVICE_ORDER", "Python", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR", "TensorFlow's GPUs")
+HEALTHY = {
+    "TensorFlow build": (OK, "tensorflow 2.21.0, built with CUDA 12.5, cuDNN 9", ""),
+    "NVIDIA driver / NVML": (OK, "driver 550.54.15, GPUs 0: NVIDIA A100-SXM4-80GB, 1: NVIDIA A100-SXM4-80GB, "
+                                 "2: NVIDIA A100-SXM4-80GB, 3: NVIDIA A100-SXM4-40GB", ""),
+    "device nodes": (OK, ", ".join(NODES), ""),
+    "CUDA_VISIBLE_DEVICES": (OK, "not set: every GPU is visible", ""),
+    "CUDA_DEVICE_ORDER": (OK, "PCI_BUS_ID: TensorFlow's GPU numbers match nvidia-smi's", ""),
+    "Python": (OK, "the kernel runs /opt/conda/bin/python3, the same as `python3` on PATH", ""),
+    "TensorFlow's GPUs": (OK, "TensorFlow lists 4 GPU(s)", ""),
+}
+TF_LISTS_NONE = {"TensorFlow's GPUs": (FAIL, "TensorFlow lists no GPU", "see the failed checks above")}
+NOT_LISTED = {"TensorFlow's GPUs": (INFO, "not listed yet (listing starts CUDA", "tf.config.list_physical_devices")}
+CPU_ONLY = {"TensorFlow build": (FAIL, "tensorflow-cpu 2.21.0 is a CPU-only build: it never uses a GPU",
+                                 "pip uninstall tensorflow-cpu && pip install 'tensorflow[and-cuda]'")}
+NVML_FAILS = {"NVIDIA driver / NVML": (FAIL, "NVML could not start: Driver Not Loaded (no NVIDIA driver",
+                                       "install the NVIDIA driver on the host (nvidia-smi must work)")}
+NO_NODES = {"device nodes": (FAIL, "no /dev/nvidia0, /dev/nvidia1, ... in this machine or container",
+                             "in Docker start with --gpus all")}
+HIDES_ALL = "`%tfgpu visible all` (or `visible 0`) before importing TensorFlow, or unset it"
+
+
+def env(**variables: str) -> dict[str, str]:
+    """The healthy environment plus `variables`."""
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", **variables}
+
+
+ASYNC = env(TF_GPU_ALLOCATOR="cuda_malloc_async")
+
+
+def scenario(name: str, changes: dict, differs: dict, summary: str | None = None, **bug: str):  # noqa: ANN201
+    """A report scenario: machine `changes`, the lines that differ from HEALTHY (None: absent), and
+    optionally the exact summary; `bug=` marks a known bug as a strict xfail."""
+    marks = [pytest.mark.xfail(strict=True, reason=bug["bug"])] if bug else []
+    return pytest.param(changes, differs, summary, id=name, marks=marks)
+
+
+CVD_FAILS = "stops at its first entry"
+SCENARIOS = [
+    scenario("cuda-build-all-fine", {}, {}, "Nothing stops TensorFlow from using the GPUs above."),
+    scenario("cpu-only-build", dict(tf="cpu", tf_distribution="tensorflow-cpu 2.21.0", api=FakeAPI(0)),
+             {**CPU_ONLY, **TF_LISTS_NONE},
+             "TensorFlow has no GPU here because: TensorFlow build: tensorflow-cpu 2.21.0 is a CPU-only build: "
+             "it never uses a GPU; TensorFlow's GPUs: TensorFlow lists no GPU. Fix the first one first."),
+    scenario("container-without-gpus", dict(inventory=NO_DRIVER, device_nodes=(), api=FakeAPI(0)),
+             {**NVML_FAILS, **NO_NODES, **TF_LISTS_NONE}),
+    scenario("cvd-empty", dict(environ=env(CUDA_VISIBLE_DEVICES=""), api=FakeAPI(0)),
+             {"CUDA_VISIBLE_DEVICES": (FAIL, "'' is empty: it hides every GPU", HIDES_ALL), **TF_LISTS_NONE}),
+    scenario("cvd-minus-one", dict(environ=env(CUDA_VISIBLE_DEVICES="-1"), api=FakeAPI(0)),
+             {"CUDA_VISIBLE_DEVICES": (FAIL, f"'-1' {CVD_FAILS} '-1': it hides every GPU", HIDES_ALL),
+              **TF_LISTS_NONE}),
+    scenario("cvd-missing-gpu", dict(environ=env(CUDA_VISIBLE_DEVICES="5,0"), api=FakeAPI(0)),
+             {"CUDA_VISIBLE_DEVICES": (FAIL, f"'5,0' {CVD_FAILS} '5': it hides every GPU", HIDES_ALL),
+              **TF_LISTS_NONE}),
+    scenario("cvd-stops-midway", dict(environ=env(CUDA_VISIBLE_DEVICES="0,-1,1"), api=FakeAPI(1)),
+             {"CUDA_VISIBLE_DEVICES": (WARN, "'0,-1,1' → GPUs 0; CUDA stops at '-1' and ignores the rest",
+                                       "remove the invalid entry"),
+              "TensorFlow's GPUs": (INFO, "TensorFlow lists 1, NVML sees 4 (CUDA_VISIBLE_DEVICES or the policy", "")},
+             "Nothing stops TensorFlow from using the GPUs above."),
+    scenario("cvd-two-gpus", dict(environ=env(CUDA_VISIBLE_DEVICES="3, 1"), api=FakeAPI(2)),
+             {"CUDA_VISIBLE_DEVICES": (OK, "'3, 1' → GPUs 3, 1", ""),
+              "TensorFlow's GPUs": (INFO, "TensorFlow lists 2, NVML sees 4", "")}),
+    scenario("device-order-unset", dict(environ={}),
+             {"CUDA_DEVICE_ORDER": (INFO, "unset (CUDA's default: fastest first), so 'GPU 1' in TensorFlow may be "
+                                          "another card than nvidia-smi's GPU 1",
+                                    "any `%tfgpu` GPU directive sets PCI_BUS_ID")}),
+    scenario("device-order-fastest", dict(environ={"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}),
+             {"CUDA_DEVICE_ORDER": (INFO, "FASTEST_FIRST (CUDA's default: fastest first)", "sets PCI_BUS_ID")}),
+    scenario("tf-only-on-path-python", dict(tf=None, python="/usr/bin/python3", api=FakeAPI()),
+             {"TensorFlow build": None,
+              "TensorFlow": (FAIL, "not installed for this kernel's Python (/usr/bin/python3)",
+                             "/usr/bin/python3 -m pip install tensorflow"),
+              "Python": (FAIL, "the kernel runs /usr/bin/python3, `python3` on PATH is /opt/conda/bin/python3; "
+                               "TensorFlow is installed for that one, not for the kernel's",
+                         "`%pip install tensorflow` from the notebook"),
+              **NOT_LISTED},
+             "TensorFlow has no GPU here because: TensorFlow: not installed for this kernel's Python "
+             "(/usr/bin/python3); Python: the kernel runs /usr/bin/python3, `python3` on PATH is "
+             "/opt/conda/bin/python3; TensorFlow is installed for that one, not for the kernel's. "
+             "Fix the first one first."),
+    scenario("other-python-on-path", dict(python="/srv/venv/bin/python"),
+             {"Python": (INFO, "the kernel runs /srv/venv/bin/python, `python3` on PATH is /opt/conda/bin/python3",
+                         "")}),
+    scenario("forced-growth-vs-policy-off",
+             dict(environ=env(TF_FORCE_GPU_ALLOW_GROWTH="true"), policy=Policy(growth=False)),
+             {"TF_FORCE_GPU_ALLOW_GROWTH": (WARN, "=true overrides the policy's growth off",
+                                            "unset it, or `%tfgpu growth on`")}),
+    scenario("forced-no-growth-vs-policy-on",
+             dict(environ=env(TF_FORCE_GPU_ALLOW_GROWTH="false"), policy=Policy(growth=True)),
+             {"TF_FORCE_GPU_ALLOW_GROWTH": (WARN, "=false overrides the policy's growth on",
+                                            "unset it, or `%tfgpu growth off`")}),
+    scenario("forced-growth-agrees",
+             dict(environ=env(TF_FORCE_GPU_ALLOW_GROWTH="true"), policy=Policy(growth=True, limits=(("all", 1024),))),
+             {"TF_FORCE_GPU_ALLOW_GROWTH": (INFO, "=true: every GPU allocator uses it", "")}),
+    scenario("forced-growth-misspelt", dict(environ=env(TF_FORCE_GPU_ALLOW_GROWTH="1")),
+             {"TF_FORCE_GPU_ALLOW_GROWTH": (WARN, "='1': TensorFlow only reads 'true' or 'false'", "")}),
+    scenario("async-with-limit", dict(environ=ASYNC, policy=Policy(allocator="async", limits=(("0", 2048),))),
+             {"TF_GPU_ALLOCATOR": (WARN, "cuda_malloc_async makes the memory limits soft, not hard caps",
+                                   "`%tfgpu allocator bfc` for hard caps")}),
+    scenario("async-with-split", dict(environ=ASYNC, policy=Policy(allocator="async", splits=(("1", (512, 512)),))),
+             {"TF_GPU_ALLOCATOR": (WARN, "makes the memory limits soft", "`%tfgpu allocator bfc`")}),
+    scenario("async-alone", dict(environ=ASYNC, policy=Policy(allocator="async")),
+             {"TF_GPU_ALLOCATOR": (INFO, "cuda_malloc_async: memory is allocated on demand", "")}),
+    scenario("tf-lists-fewer", dict(api=FakeAPI(2)),
+             {"TensorFlow's GPUs": (INFO, "TensorFlow lists 2, NVML sees 4", "")},
+             "Nothing stops TensorFlow from using the GPUs above."),
+    scenario("tf-not-listed-yet", dict(api=FakeAPI()), NOT_LISTED),
+    scenario("no-nvml-binding",
+             dict(inventory=Inventory(error="nvidia-ml-py is not installed (`pip install nvidia-ml-py`)")),
+             {"NVIDIA driver / NVML": (WARN, "nvidia-ml-py is not installed", "pip install nvidia-ml-py")},
+             "Nothing stops TensorFlow from using the GPUs above."),
+    scenario("nvml-sees-no-gpu", dict(inventory=read_inventory(Nvml(module=FakeNvml([]))), api=FakeAPI(0)),
+             {"NVIDIA driver / NVML": (FAIL, "driver 550.54.15, GPUs none", "NVML works but lists no GPU"),
+              **TF_LISTS_NONE}),
+    scenario("build-info-unreadable", dict(tf="broken"),
+             {"TensorFlow build": None, "TensorFlow": (WARN, "tensorflow 2.21.0; build info unreadable: ", "")}),
+    scenario("unknown-distribution", dict(tf_distribution=None),
+             {"TensorFlow build": (OK, "TensorFlow, built with CUDA 12.5, cuDNN 9", "")},
+             bug="BUG: a CUDA build whose pip distribution is unknown reads 'None, built with CUDA 12.5'"),
+]
+
+
+@pytest.mark.parametrize("changes, differs, summary", SCENARIOS)
+def test_report_line_by_line(tf_dirs, changes: dict, differs: dict, summary: str | None) -> None:  # noqa: ANN001
+    """Every check line in order (verdict, name, detail, fix), then the closing sentence."""
+    changes = dict(changes)
+    machine = make_machine(tf_dirs, changes.pop("tf", "cuda"), **changes)
+    checks, said = parse_report(doctor.report(machine))
+    wanted = {**HEALTHY, **differs}
+    expected = [(name, *wanted[name]) for name in ORDER if wanted.get(name) is not None]
+    assert [(verdict, name) for verdict, name, _, _ in checks] == [(verdict, name) for name, verdict, _, _ in expected]
+    for (_, name, detail, fix), (_, _, want_detail, want_fix) in zip(checks, expected):
+        assert want_detail in detail, name
+        assert (want_fix in fix) if want_fix else fix == "", name
+    failed = [f"{name}: {detail}" for verdict, name, detail, _ in checks if verdict == FAIL]
+    assert said == (f"TensorFlow has no GPU here because: {'; '.join(failed)}. Fix the first one first."
+                    if failed else "Nothing stops TensorFlow from using the GPUs above.")
+    if summary is not None:
+        assert said == summary
+
+
+@pytest.mark.parametrize(
+    "nodes, verdict",
+    [
+        ((), FAIL),
+        (("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"), FAIL),
+        (("/dev/nvidia0",), OK),
+        (("/dev/nvidia-caps", "/dev/nvidia12", "/dev/nvidiactl"), OK),
+    ],
+)
+def test_device_nodes_need_a_numbered_node(tf_dirs, nodes: tuple[str, ...], verdict: str) -> None:  # noqa: ANN001
+    """Only /dev/nvidiaN proves a GPU is attached; control nodes alone do not."""
+    checks = {c.name: c for c in doctor.run_checks(make_machine(tf_dirs, device_nodes=nodes))}
+    assert checks["device nodes"].verdict == verdict
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: the Python check resolves symlinks, so a venv's python and its base "
+                                       "interpreter count as 'the same' Python")
+def test_python_check_tells_a_venv_from_its_base(tf_dirs) -> None:  # noqa: ANN001
+    """A venv's `python` is a symlink to the base interpreter, yet another environment (other packages)."""
+    base = str(Path(sys.executable).resolve())
+    if base == sys.executable or sys.prefix == sys.base_prefix:
+        pytest.skip("this Python is not a venv over a base interpreter")
+    machine = make_machine(tf_dirs, python=sys.executable, path_python=base, path_python_has_tf=False)
+    checks = {c.name: c for c in doctor.run_checks(machine)}
+    assert checks["Python"].verdict == INFO and f"`python3` on PATH is {base}" in checks["Python"].detail
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: with no python3 on PATH the doctor says the kernel's Python is "
+                                       "'the same as `python3` on PATH'")
+def test_python_check_without_python_on_path(tf_dirs) -> None:  # noqa: ANN001
+    """No `python3` on PATH is not 'the same'."""
+    checks = {c.name: c for c in doctor.run_checks(make_machine(tf_dirs, path_python=None))}
+    assert "the same as" not in checks["Python"].detail
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: _has_tensorflow compares resolved paths, so for the venv's base "
+                                       "interpreter it answers for the venv (this process)")
+def test_has_tensorflow_asks_the_other_python() -> None:
+    """Whether the venv's base interpreter has TensorFlow is asked of that interpreter."""
+    base = str(Path(sys.executable).resolve())
+    if base == sys.executable:
+        pytest.skip("this Python is not a symlink into a base interpreter")
+    probe = "import importlib.util,sys; sys.exit(importlib.util.find_spec('tensorflow') is None)"
+    truth = subprocess.run([base, "-c", probe], capture_output=True, timeout=30).returncode == 0
+    if truth == (importlib.util.find_spec("tensorflow") is not None):
+        pytest.skip("the base interpreter and this venv agree; the bug cannot show")
+    assert doctor._has_tensorflow(base) is truth
+
+
+# ----- build info ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "source, info",
+    [
+        (CUDA_BUILD, {"is_cuda_build": True, "cuda_version": "12.5", "cudnn_version": "9"}),
+        (CPU_BUILD, {"is_cuda_build": False, "is_rocm_build": False}),
+        ("build_info = {'is_cuda_build': True, 'cuda_version': '11.8'}",
+         {"is_cuda_build": True, "cuda_version": "11.8"}),
+        ("version = '2.21'\nother = 1", {}),
+    ],
+    ids=["cuda", "cpu", "dict-literal", "no-build-info"],
+)
+def test_read_build_info(tmp_path: Path, source: str, info: dict) -> None:
+    """TensorFlow's `build_info` literal, as a dict."""
+    assert doctor.read_build_info(write_tf(tmp_path, source)) == info
+
+
+def test_read_build_info_never_executes(tmp_path: Path) -> None:
+    """A build_info.py that would leave a marker and raise if executed still parses, and runs nothing."""
+    marker = tmp_path / "executed"
+    hostile = f"open({str(marker)!r}, 'w').close()\nimport no_such_module_anywhere\nraise SystemExit(3)\n{CUDA_BUILD}"
+    assert doctor.read_build_info(write_tf(tmp_path, hostile))["is_cuda_build"] is True
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "source, error",
+    [(None, OSError), ("build_info = collections.OrderedDict([(", SyntaxError),
+     ("build_info = collections.OrderedDict(make_pairs())", ValueError)],
+    ids=["missing", "syntax", "not-a-literal"],
+)
+def test_read_build_info_errors(tmp_path: Path, source: str | None, error: type) -> None:
+    """Unreadable build info raises what `_check_tensorflow` turns into a warning."""
+    tf_dir = tmp_path / "tensorflow" if source is None else write_tf(tmp_path, source)
+    with pytest.raises(error):
+        doctor.read_build_info(tf_dir)
+
+
+def test_read_build_info_of_installed_tensorflow() -> None:
+    """The TensorFlow installed here (tensorflow-cpu) reads as a CPU-only build, without importing it."""
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None:
+        pytest.skip("TensorFlow is not installed")
+    assert doctor.read_build_info(Path(spec.origin).parent)["is_cuda_build"] is False
+    assert "tensorflow" not in sys.modules
+
+
+# ----- this machine ---------------------------------------------------------------------------------
+THIS_MACHINE = pytest.mark.skipif(
+    any(Path("/dev").glob("nvidia[0-9]*")) or not all(map(importlib.util.find_spec, ("tensorflow", "pynvml"))),
+    reason="expects this driverless machine with tensorflow-cpu and nvidia-ml-py installed",
+)
+
+
+@pytest.fixture
+def python_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PATH holds only this interpreter's bin directory, so `python3` on PATH is the kernel's own."""
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
+
+
+@THIS_MACHINE
+@pytest.mark.usefixtures("python_on_path")
+def test_doctor_on_this_machine() -> None:
+    """CPU-only build, no NVML, no device nodes: all FAIL, and the summary names all three."""
+    controller = Controller(environ={})
+    checks, summary = parse_report(doctor.doctor(controller))
+    assert [(verdict, name) for verdict, name, _, _ in checks] == [
+        (FAIL, "TensorFlow build"), (FAIL, "NVIDIA driver / NVML"), (FAIL, "device nodes"),
+        (OK, "CUDA_VISIBLE_DEVICES"), (INFO, "CUDA_DEVICE_ORDER"), (OK, "Python"), (INFO, "TensorFlow's GPUs")]
+    build, nvml, nodes, visible, order, python, listed = (detail for _, _, detail, _ in checks)
+    assert build.startswith("tensorflow-cpu ") and build.endswith(" is a CPU-only build: it never uses a GPU")
+    assert nvml.startswith("NVML could not start: ") and "no NVIDIA driver" in nvml
+    assert nodes.startswith("no /dev/nvidia0") and visible == "not set: every GPU is visible"
+    assert order.startswith("unset (CUDA's default") and listed.startswith("not listed yet")
+    assert python == f"the kernel runs {sys.executable}, the same as `python3` on PATH"
+    assert summary.startswith("TensorFlow has no GPU here because: TensorFlow build: tensorflow-cpu")
+    assert all(f"{name}: " in summary for name in ("NVIDIA driver / NVML", "device nodes"))
+    assert summary.endswith(". Fix the first one first.")
+    assert "tensorflow" not in sys.modules and controller.environ == {}
+
+
+@pytest.fixture
+def shell() -> InteractiveShell:
+    """The process's one IPython shell. If no test made it yet, make it as IPython's `globalipapp` does
+    (a TerminalInteractiveShell with the test config), without calling `start_ipython`: that runs only
+    once per process and tests/test_magic.py needs its own first call to return the shell. A plain
+    `InteractiveShell` singleton would make the TerminalInteractiveShell there a MultipleInstanceError."""
+    if not InteractiveShell.initialized():
+        config = tools.default_config()
+        config.TerminalInteractiveShell.simple_prompt = True
+        TerminalInteractiveShell.instance(config=config).tempfiles.append(Path(config.HistoryManager.hist_file))
+    return InteractiveShell.instance()
+
+
+@THIS_MACHINE
+@pytest.mark.usefixtures("python_on_path")
+def test_magic_doctor_and_visible_auto(shell: InteractiveShell, capsys: pytest.CaptureFixture) -> None:
+    """On a real shell: `%tfgpu doctor` prints the report; `%tfgpu visible auto` is a UsageError here."""
+    previous = shell.magics_manager.registry.get("TFGPUMagics")
+    controller = Controller(environ={})
+    shell.register_magics(TFGPUMagics(shell, controller=controller))
+    try:
+        capsys.readouterr()
+        shell.run_line_magic("tfgpu", "doctor")
+        out = capsys.readouterr().out
+        assert out.startswith("[FAIL] TensorFlow build: tensorflow-cpu")
+        assert "\n[FAIL] NVIDIA driver / NVML: NVML could not start" in out
+        assert "\nTensorFlow has no GPU here because: " in out
+        with pytest.raises(UsageError, match="`visible auto` needs the GPU inventory, which is unavailable: NVML"):
+            shell.run_line_magic("tfgpu", "visible auto")
+        assert controller.policy == Policy() and controller.environ == {}
+    finally:
+        importhook.disarm()
+        if previous is not None:
+            shell.register_magics(previous)
+    assert "tensorflow" not in sys.modules
