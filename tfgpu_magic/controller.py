@@ -14,7 +14,7 @@ from typing import Callable, Iterable, MutableMapping
 from . import importhook
 from .errors import PolicyError
 from .grammar import Edit, GpuCatalog, parse_line
-from .inventory import InventoryCatalog
+from .inventory import Inventory, InventoryCatalog, cached_inventory
 from .plan import CUDA_ENV, OUR_ENV, Plan, build_plan, gpu_refs
 from .policy import Policy, is_index
 from .runtime import ApplyReport, ConfigAPI, RuntimeState, TensorFlowConfig, any_logical_recorded, apply_plan
@@ -40,6 +40,11 @@ class Controller:
         self._original_env: dict[str, str | None] = {}
         self._notes_shown: set[str] = set()
         self.listeners: list[Callable[[Controller], None]] = []
+
+    def inventory(self) -> Inventory:
+        """The GPU inventory this controller's GPU references resolve against (NVML, cached)."""
+        inventory = getattr(self.catalog, "inventory", None)
+        return inventory if isinstance(inventory, Inventory) else cached_inventory()
 
     # ----- editing -------------------------------------------------------------------------
     def parse(self, line: str) -> Edit:

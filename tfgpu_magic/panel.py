@@ -16,7 +16,7 @@ from typing import Any, Callable
 from .controller import Controller, get_controller
 from .errors import PolicyError
 from .export import export
-from .inventory import Gpu, cached_inventory
+from .inventory import Gpu
 from .policy import ALL_GPUS, Policy
 from .status import describe_report, pending_groups
 
@@ -40,7 +40,7 @@ class GpuRow:
 
 def gpu_rows(controller: Controller) -> tuple[list[GpuRow], str]:
     """The GPUs to show, and a one-line reason when there are none."""
-    inventory = cached_inventory()
+    inventory = controller.inventory()
     if inventory.available and inventory.gpus:
         return [_nvml_row(gpu) for gpu in inventory.gpus], ""
     state = controller.api.state()
@@ -258,7 +258,7 @@ class Panel:
 
     def refresh_memory(self) -> None:
         """Re-read GPU memory (NVML) into the bars."""
-        inventory = cached_inventory(max_age=REFRESH_SECONDS / 2)
+        inventory = self.controller.inventory()
         for gpu in inventory.gpus:
             if gpu.ref in self.bars:
                 self.bars[gpu.ref].value = memory_bar(_nvml_row(gpu))

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from .plan import OUR_ENV
 from .policy import ALL_GPUS, Policy
-from .inventory import Inventory, cached_inventory
+from .inventory import Inventory
 from .runtime import ApplyReport, pending_changes, recorded_settings
 
 if TYPE_CHECKING:
@@ -72,8 +72,7 @@ def describe_status(controller: Controller) -> str:
     env = [f"{name}={controller.environ[name]}" for name in OUR_ENV if name in controller.environ]
     lines.append("Environment: " + (", ".join(env) if env else "none of CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, "
                                     "TF_GPU_ALLOCATOR, TF_FORCE_GPU_ALLOW_GROWTH set"))
-    inventory = getattr(controller.catalog, "inventory", None)
-    lines += describe_gpus(inventory if isinstance(inventory, Inventory) else cached_inventory())
+    lines += describe_gpus(controller.inventory())
     if state.imported:
         recorded = recorded_settings(controller.api)
         lines.append("TensorFlow recorded:" + ("" if recorded else " nothing yet (devices not listed)"))

@@ -1,0 +1,168 @@
+"""The widget panel at the Python level: widget state, clicks, two-way sync with the controller,
+locking once TensorFlow is initialized, and the magic's one-line errors for invalid input.
+
+GPU rows come from a fake NVML (the inventory's one chokepoint) and TensorFlow's rules from the fake
+`tf.config` seam; TensorFlow itself is never imported here.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from fake_nvml import FakeNvml, four_gpus
+from fake_tf import FakeTF
+
+from tfgpu_magic import importhook
+from tfgpu_magic.controller import Controller
+from tfgpu_magic.inventory import Inventory, InventoryCatalog, Nvml, read_inventory
+from tfgpu_magic.panel import GpuRow, Panel, memory_bar
+
+
+@pytest.fixture(autouse=True)
+def _disarm_hook():
+    yield
+    importhook.disarm()
+    assert "tensorflow" not in sys.modules
+
+
+def make_panel(tf: FakeTF | None = None, gpus: bool = True) -> tuple[Panel, Controller]:
+    inventory = read_inventory(Nvml(module=FakeNvml(four_gpus()))) if gpus else Inventory(error="no NVML here")
+    controller = Controller(api=tf or FakeTF(4, imported=False), environ={}, catalog=InventoryCatalog(inventory))
+    return Panel(controller), controller
+
+
+def test_one_row_per_gpu_with_memory_bar():
+    """Each NVML GPU gets a row whose bar shows used/total MiB."""
+    panel, _ = make_panel()
+    assert sorted(panel.visible) == ["0", "1", "2", "3"]
+    assert "20,480 / 81,920 MiB" in panel.bars["0"].value and "width:25%" in panel.bars["0"].value
+    assert all(box.value for box in panel.visible.values())
+
+
+def test_no_gpu_says_why():
+    """Without GPUs the panel shows one line with the inventory's reason and the doctor hint."""
+    panel, _ = make_panel(gpus=False)
+    assert panel.visible == {}
+    assert "no NVML here" in panel.no_gpu_reason and "%tfgpu doctor" in panel.no_gpu_reason
+
+
+def test_panel_edits_reach_the_policy():
+    """Growth, allocator, CPU devices, visibility, limit and split edits become the policy."""
+    panel, ctl = make_panel()
+    panel.growth.value = "on"
+    panel.allocator.value = "async"
+    panel.cpus.value = 3
+    panel.visible["3"].value = False
+    panel.limits["0"].value = "2GB"
+    panel.splits["1"].value = "2x1GB"
+    policy = ctl.policy
+    assert policy.growth is True and policy.allocator == "async" and policy.cpu_devices == 3
+    assert policy.visible == ("0", "1", "2")
+    assert policy.limit_map == {"0": 2048} and policy.split_map == {"1": (1024, 1024)}
+    assert ctl.environ["TF_GPU_ALLOCATOR"] == "cuda_malloc_async"
+
+
+def test_default_choice_clears_the_field():
+    """Choosing 'TF default' again removes growth from the policy."""
+    panel, ctl = make_panel()
+    panel.growth.value = "off"
+    panel.growth.value = "default"
+    assert ctl.policy.growth is None
+
+
+def test_magic_edits_show_in_the_panel():
+    """An edit through the controller (what the magic does) updates every open panel."""
+    first, ctl = make_panel()
+    second = Panel(ctl)
+    ctl.edit([ctl.parse("growth on"), ctl.parse("split cpu 2"), ctl.parse("limit 3GB 2"), ctl.parse("visible 0,2")])
+    for panel in (first, second):
+        assert panel.growth.value == "on" and panel.cpus.value == 2
+        assert panel.limits["2"].value == "3GB"
+        assert [ref for ref, box in panel.visible.items() if box.value] == ["0", "2"]
+
+
+def test_invalid_input_gives_the_magic_message_and_changes_nothing():
+    """A bad limit shows the grammar's one-line message, reverts the field, leaves the policy."""
+    panel, ctl = make_panel()
+    panel.limits["0"].value = "2GB"
+    before = ctl.policy
+    panel.limits["0"].value = "lots"
+    assert "not a size: 'lots'" in panel.error.value
+    assert ctl.policy == before and panel.limits["0"].value == "2GB"
+    panel.splits["0"].value = "2x1GB"  # contradicts the limit on GPU 0
+    assert "both a limit and a split" in panel.error.value and panel.splits["0"].value == ""
+    panel.cpus.value = 2
+    assert panel.error.value == ""
+
+
+def test_reset_and_export_buttons():
+    """Reset empties the policy and every control; Export shows the equivalent code."""
+    panel, ctl = make_panel()
+    panel.cpus.value = 2
+    panel.export_button.click()
+    assert "LogicalDeviceConfiguration()] * 2" in panel.message
+    panel.reset_button.click()
+    assert ctl.policy.is_empty and panel.cpus.value == 0 and panel.growth.value == "default"
+
+
+def test_apply_button_applies_once_tensorflow_is_imported():
+    """Apply is off before import (the hook applies), on after import, and applies the policy."""
+    tf = FakeTF(2, imported=False)
+    panel, ctl = make_panel(tf)
+    panel.cpus.value = 2
+    assert panel.apply_button.disabled
+    tf.imported = True
+    panel.sync()
+    assert not panel.apply_button.disabled
+    panel.apply_button.click()
+    assert tf.get_logical(tf.devices("CPU")[0]) == (None, None)
+
+
+def test_locked_after_initialization_with_reason_and_pending():
+    """Once initialized: Apply disabled, controls marked locked with the reason, edits pending."""
+    tf = FakeTF(2)
+    panel, ctl = make_panel(tf)
+    panel.cpus.value = 2
+    tf.initialize()
+    panel.sync()
+    assert panel.apply_button.disabled and "restart" in panel.apply_button.tooltip
+    assert panel.cpus.description.startswith("🔒") and "restart" in panel.cpus.tooltip
+    panel.cpus.value = 3
+    assert "Pending, needs a restart" in panel.header.value and "3 logical devices" in panel.header.value
+    assert "initialized" in panel.header.value
+
+
+def test_restart_needs_a_confirmation():
+    """The restart button only asks; the confirm button calls the restart once."""
+    calls = []
+    tf = FakeTF(2)
+    inventory = read_inventory(Nvml(module=FakeNvml(four_gpus())))
+    ctl = Controller(api=tf, environ={}, catalog=InventoryCatalog(inventory))
+    panel = Panel(ctl, restart=lambda: calls.append(1) or "Restarting")
+    panel.restart_button.click()
+    assert calls == [] and panel.confirm_button.layout.display == ""
+    panel.cancel_button.click()
+    assert calls == [] and panel.confirm_button.layout.display == "none"
+    panel.restart_button.click()
+    panel.confirm_button.click()
+    assert calls == [1] and panel.message == "Restarting"
+
+
+def test_live_refresh_runs_only_while_on_and_stops_on_close():
+    """No thread while live memory is off; one while on; none after close."""
+    panel, ctl = make_panel()
+    assert panel._refresher is None
+    panel.live.value = True
+    assert panel._refresher is not None and panel._refresher.is_alive()
+    thread = panel._refresher
+    panel.close()
+    thread.join(timeout=5)
+    assert not thread.is_alive() and panel._refresher is None
+    assert ctl.listeners == []
+
+
+def test_memory_bar_unknown():
+    """A GPU without memory figures says so instead of drawing a bar."""
+    assert "unknown" in memory_bar(GpuRow("0", "GPU"))
+    assert "width:50%" in memory_bar(GpuRow("0", "GPU", used_mib=512, total_mib=1024))
