@@ -127,7 +127,7 @@ def test_locked_after_initialization_with_reason_and_pending():
     tf.initialize()
     panel.sync()
     assert panel.apply_button.disabled and "restart" in panel.apply_button.tooltip
-    assert panel.cpus.description.startswith("🔒") and "restart" in panel.cpus.tooltip
+    assert "locked" in panel.header.value and "Restart kernel and apply" in panel.cpus.tooltip
     panel.cpus.value = 3
     assert "Pending, needs a restart" in panel.header.value and "3 logical devices" in panel.header.value
     assert "initialized" in panel.header.value

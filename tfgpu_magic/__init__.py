@@ -6,14 +6,35 @@ before importing TensorFlow. Importing this package never imports TensorFlow, ip
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .controller import configure, get_controller
 from .errors import PolicyError
-from .policy import Policy
+
+if TYPE_CHECKING:
+    from .policy import Policy
 
 __version__ = "0.1.0"
 __all__ = ["Policy", "PolicyError", "configure", "current_policy", "panel", "session_config"]
+
+
+def __getattr__(name: str) -> Any:
+    """`Policy` and `configure` load on first use, keeping `%load_ext` cheap (PEP 562)."""
+    if name == "Policy":
+        from .policy import Policy
+
+        return Policy
+    if name == "configure":
+        from .controller import configure
+
+        return configure
+    raise AttributeError(f"module 'tfgpu_magic' has no attribute {name!r}")
+
+
+def get_controller() -> Any:
+    """The process-wide controller shared by the magic, the panel and `configure()`."""
+    from .controller import get_controller as shared
+
+    return shared()
 
 
 def current_policy() -> Policy:

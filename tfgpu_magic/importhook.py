@@ -8,17 +8,18 @@ and never breaks the import: a failing callback becomes a warning.
 
 from __future__ import annotations
 
-import importlib.abc
 import sys
 import warnings
 from types import ModuleType
-from typing import Callable
+from typing import Any, Callable
 
 TARGET = "tensorflow"
 
 
-class TensorFlowImportHook(importlib.abc.MetaPathFinder):
-    """Finder that arms `callback` on the loader of the real `tensorflow` package."""
+class TensorFlowImportHook:
+    """`sys.meta_path` finder that arms `callback` on the loader of the real `tensorflow` package.
+
+    A plain class with `find_spec` (no `importlib.abc` base, whose import costs `%load_ext` time)."""
 
     def __init__(self, callback: Callable[[], None]) -> None:
         self.callback = callback
@@ -39,7 +40,7 @@ class TensorFlowImportHook(importlib.abc.MetaPathFinder):
         self._wrap(spec.loader)
         return spec
 
-    def _wrap(self, loader: importlib.abc.Loader) -> None:
+    def _wrap(self, loader: Any) -> None:
         original = loader.exec_module
         had_own = "exec_module" in vars(loader)
 
@@ -59,7 +60,7 @@ class TensorFlowImportHook(importlib.abc.MetaPathFinder):
         loader.exec_module = exec_module  # type: ignore[method-assign]
 
 
-def _restore(loader: importlib.abc.Loader, original: Callable, had_own: bool) -> None:
+def _restore(loader: Any, original: Callable, had_own: bool) -> None:
     if had_own:
         loader.exec_module = original  # type: ignore[method-assign]
     else:

@@ -7,6 +7,7 @@ crash. Everything works without NVML: `read_inventory()` then reports why there 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -139,6 +140,15 @@ class InventoryCatalog:
         return {gpu.uuid: gpu.ref for gpu in inventory.gpus} if inventory.available else {}
 
 
+DRIVER_MARKERS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg")
+"""Any of these exists where an NVIDIA driver is loaded (the last one under WSL2)."""
+
+
+def driver_present() -> bool:
+    """Cheap check before importing pynvml (an 8,000-line module) on a machine without a driver."""
+    return sys.platform != "linux" or any(os.path.exists(marker) for marker in DRIVER_MARKERS)
+
+
 class Nvml:
     """The one chokepoint for NVML: `call` returns None instead of raising NVML errors."""
 
@@ -146,6 +156,9 @@ class Nvml:
         self.module = module
         self.error: str | None = None
         if module is None:
+            if not driver_present():
+                self.error = f"NVML unavailable: no NVIDIA driver here (none of {', '.join(DRIVER_MARKERS)} exists)"
+                return
             try:
                 import pynvml
             except ImportError:

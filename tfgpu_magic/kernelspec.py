@@ -14,9 +14,9 @@ from pathlib import Path
 from .errors import PolicyError
 from .plan import build_plan
 from .policy import Policy
+from .startup import POLICY_ENV
 from .status import describe_policy
 
-POLICY_ENV = "TFGPU_MAGIC_POLICY"
 MARKER = "tfgpu_magic"
 
 
@@ -63,14 +63,3 @@ def remove(name: str) -> str:
     if MARKER not in (spec.metadata or {}):
         raise PolicyError(f"kernelspec {name!r} was not made by tfgpu_magic; not removing it")
     return manager.remove_kernel_spec(name)
-
-
-def policy_from_env(environ: dict[str, str]) -> Policy | None:
-    """The policy a tfgpu_magic kernelspec put in the environment; `PolicyError` if malformed."""
-    raw = environ.get(POLICY_ENV)
-    if not raw:
-        return None
-    try:
-        return Policy.from_dict(json.loads(raw))
-    except json.JSONDecodeError as err:
-        raise PolicyError(f"{POLICY_ENV} is not valid JSON: {err}") from None

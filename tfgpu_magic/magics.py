@@ -1,25 +1,21 @@
-"""The `%tfgpu` / `%%tfgpu` magic: a thin view over the controller."""
+"""The `%tfgpu` / `%%tfgpu` magic: IPython glue over the controller.
+
+Kept light, since `%load_ext` imports it: what each directive does lives in `commands`, imported on
+the first `%tfgpu`; the controller is created when first needed.
+"""
 
 from __future__ import annotations
 
-import os
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
 from traitlets import List, Unicode
 
-from . import persist
-from .controller import Controller, get_controller
 from .errors import PolicyError, warn
-from .export import export
-from .grammar import Action, parse_cell, parse_words, split_words
-from .policy import Policy
-from .status import describe_policy, describe_report, describe_status, pending_groups
 
-OPTIONS = {"--yes": ("restart", False), "--display-name": ("kernelspec", True), "--remove": ("kernelspec", False)}
-"""Each option: the directive it belongs to, and whether it takes a value."""
+if TYPE_CHECKING:
+    from .controller import Controller
 
 
 @magics_class
@@ -33,20 +29,21 @@ class TFGPUMagics(Magics):
 
     def __init__(self, shell: Any, controller: Controller | None = None) -> None:
         super().__init__(shell=shell)
-        self.controller = controller or get_controller()
+        self._controller = controller
 
-    @magic_arguments()
-    @argument(
-        "directive",
-        nargs="*",
-        help="growth all|on|off; limit SIZE|off [GPUS]; visible GPUS|all|none; "
-        "split GPU COUNTxSIZE | GPU SIZE,SIZE,... | cpu COUNT | off [GPU|cpu]; allocator bfc|async; "
-        "reset; apply; export [python|env|json]; restart; doctor; panel; default save|clear|show; autoload on|off; "
-        "kernelspec NAME. Nothing: show the status.",
-    )
-    @argument("--yes", action="store_true", help="with restart: restart now, without asking")
-    @argument("--display-name", metavar="TEXT", help="with kernelspec: the name shown in the launcher")
-    @argument("--remove", action="store_true", help="with kernelspec: uninstall it")
+    @property
+    def controller(self) -> Controller:
+        """The process-wide controller (or the one given), created on first use."""
+        if self._controller is None:
+            from .controller import get_controller
+
+            self._controller = get_controller()
+        return self._controller
+
+    @property
+    def profile_dir(self) -> str:
+        return self.shell.profile_dir.location
+
     @line_cell_magic
     def tfgpu(self, line: str, cell: str | None = None) -> None:
         """Control TensorFlow's GPUs from a notebook, before and after `import tensorflow`.
@@ -80,176 +77,40 @@ class TFGPUMagics(Magics):
         GPUS: indices in nvidia-smi order (0,2 or 0-3), GPU UUIDs or unique UUID prefixes.
         Growth together with a limit or split is realised through TF_FORCE_GPU_ALLOW_GROWTH=true
         (TensorFlow refuses set_memory_growth on a GPU with logical devices).
+
+        Options::
+
+          --yes                  with restart: restart now, without asking
+          --display-name TEXT    with kernelspec: the name shown in the launcher
+          --remove               with kernelspec: uninstall it
+
+        (Written out here rather than built by `magic_arguments`, whose argparse import would cost
+        `%load_ext` a third of its time; `commands.OPTIONS` is the table the parser uses.)
         """
+        from .commands import run_cell, run_line
+
         try:
             if cell is not None:
-                if line.strip():
-                    raise PolicyError("%%tfgpu takes its directives in the cell body, not on the first line")
-                print(describe_report(self.controller.edit(parse_cell(cell, self.controller.catalog))))
-                return
-            words, options = split_options(line)
-            directive = parse_words(words, self.controller.catalog)
-            _check_options(options, directive)
-            if isinstance(directive, Action):
-                self._act(directive, options)
+                run_cell(self, line, cell)
             else:
-                print(describe_report(self.controller.edit([directive])))
+                run_line(self, line)
         except PolicyError as err:
             raise UsageError(str(err)) from None
-
-    def _act(self, action: Action, options: dict[str, Any]) -> None:
-        handlers: dict[str, Callable[[], str]] = {
-            "status": lambda: describe_status(self.controller),
-            "apply": lambda: describe_report(self.controller.apply()),
-            "export": lambda: export(self.controller.policy, action.arg or "python").rstrip("\n"),
-            "restart": lambda: self._restart(bool(options.get("--yes"))),
-            "doctor": lambda: _doctor(self.controller),
-            "panel": self._panel,
-            "default": lambda: self._default(action.arg or "show"),
-            "autoload": lambda: persist.set_autoload(self._profile_dir(), action.arg == "on"),
-            "kernelspec": lambda: self._kernelspec(
-                action.arg or "", options.get("--display-name"), bool(options.get("--remove"))
-            ),
-        }
-        text = handlers[action.name]()
-        if text:
-            print(text)
-
-    def _restart(self, confirmed: bool) -> str:
-        from .restart import restart_and_apply
-
-        if confirmed or getattr(self.shell, "kernel", None) is None:
-            return restart_and_apply(self.shell, self.controller.policy)
-        pending = [f"  - {item}" for _, items in pending_groups(self.controller) for item in items]
-        summary = "\n".join(
-            ["Restarting loses every variable of this kernel." + (" Changes it applies:" if pending else "")]
-            + pending
-            + ["Click the button, or run `%tfgpu restart --yes`."]
-        )
-        from .confirm import show_restart_button
-
-        print(summary)
-        show_restart_button(lambda: restart_and_apply(self.shell, self.controller.policy))
-        return ""
-
-    def _panel(self) -> str:
-        if getattr(self.shell, "kernel", None) is None:
-            return "The panel needs a notebook front end (JupyterLab, Notebook 7, VS Code); here use %tfgpu directives."
-        from .panel import show_panel
-        from .restart import restart_and_apply
-
-        show_panel(self.controller, self.shell, lambda: restart_and_apply(self.shell, self.controller.policy))
-        return ""
-
-    def _profile_dir(self) -> str:
-        return self.shell.profile_dir.location
-
-    def _default(self, verb: str) -> str:
-        path = persist.default_path(self._profile_dir())
-        if verb == "save":
-            persist.write_policy(path, self.controller.policy)
-            return f"Saved as the default policy of every kernel that loads tfgpu_magic ({path})."
-        if verb == "clear":
-            path.unlink(missing_ok=True)
-            return f"No default policy any more ({path} removed)."
-        found = persist.read_policy(path)
-        if found is None:
-            return f"No default policy saved ({path})."
-        return f"Default policy ({path}): " + ("; ".join(describe_policy(found[0])) or "TensorFlow defaults")
-
-    def _kernelspec(self, name: str, display_name: str | None, remove: bool) -> str:
-        from . import kernelspec
-
-        if remove:
-            return f"Removed kernelspec {name!r} ({kernelspec.remove(name)})."
-        where = kernelspec.install(name, self.controller.policy, display_name)
-        return f"Installed kernelspec {name!r} in {where}; pick it in the launcher for a kernel with this policy."
-
-
-def _doctor(controller: Controller) -> str:
-    from .doctor import doctor
-
-    return doctor(controller)
-
-
-def split_options(line: str) -> tuple[list[str], dict[str, Any]]:
-    """Words of the directive, and its `--options` (the `@argument` declarations above are the help).
-
-    Parsed here rather than by argparse so that `-1GB` reaches the grammar (and gets its message),
-    quotes and `#` comments behave as in a `%%tfgpu` cell, and every mistake is a `PolicyError`."""
-    words, options = [], {}
-    remaining = iter(split_words(line))
-    for word in remaining:
-        if not word.startswith("--"):
-            words.append(word)
-            continue
-        name, has_value, value = word.partition("=")
-        if name not in OPTIONS:
-            raise PolicyError(f"unknown option {name}; the options are {', '.join(OPTIONS)} (see %tfgpu?)")
-        if OPTIONS[name][1]:
-            value = value if has_value else next(remaining, "")
-            if not value:
-                raise PolicyError(f"{name} needs a value, e.g. {name} \"TensorFlow GPU 0\"")
-            options[name] = value
-        elif has_value:
-            raise PolicyError(f"{name} takes no value")
-        else:
-            options[name] = True
-    return words, options
-
-
-def _check_options(options: dict[str, Any], directive: Any) -> None:
-    """Options belong to one directive each: `--yes` to restart, the others to kernelspec."""
-    name = directive.name if isinstance(directive, Action) else directive.text.split()[0]
-    for option in options:
-        owner = OPTIONS[option][0]
-        if name != owner:
-            raise PolicyError(f"{option} only goes with `{owner}`")
-
-
-def startup_policy(magics: TFGPUMagics) -> tuple[Policy | None, list[str]]:
-    """The policy this kernel starts with, and warnings: later sources replace earlier ones —
-    `default_policy` config, the saved default, a kernelspec's environment, a pending restart."""
-    from .kernelspec import policy_from_env
-    from .restart import current_kernel
-
-    controller = magics.controller
-    policy: Policy | None = None
-    warnings: list[str] = []
-
-    def attempt(source: str, read: Callable[[], Policy | None]) -> None:
-        nonlocal policy
-        try:
-            found = read()
-        except (PolicyError, OSError) as err:
-            warnings.append(f"ignoring the {source}: {err}")
-            return
-        if found is not None:
-            policy = found
-
-    if magics.default_policy:
-        attempt("configured default_policy", lambda: controller.edit_policy(magics.default_policy, Policy()))
-    attempt("saved default", lambda: _first(persist.read_policy(persist.default_path(magics._profile_dir()))))
-    attempt("policy of this kernelspec", lambda: policy_from_env(dict(os.environ)))
-    kernel = current_kernel(magics.shell)
-    if kernel is not None:
-        attempt("pending policy", lambda: persist.take_pending(kernel.kernel_id))
-    return policy, warnings
-
-
-def _first(found: tuple[Policy, dict] | None) -> Policy | None:
-    return None if found is None else found[0]
 
 
 def load(shell: Any) -> TFGPUMagics:
     """Register the magics on `shell` and apply the policy this kernel starts with."""
+    from .startup import startup_policy
+
     magics = TFGPUMagics(shell)
     shell.register_magics(magics)
-    policy, warnings = startup_policy(magics)
+    policy, warnings = startup_policy(lambda: magics.controller, magics.default_policy, magics.profile_dir, shell)
     for warning in warnings:
         warn(warning)
     if policy is not None:
         report = magics.controller.set_policy(policy)
         if not report.ok:
+            from .status import describe_report
+
             print(describe_report(report))
     return magics

@@ -21,7 +21,11 @@ from .policy import ALL_GPUS, Policy
 from .status import describe_report, pending_groups
 
 REFRESH_SECONDS = 2.0
-LOCK = "🔒 "
+LOCKED_REASON = "TensorFlow is initialized: edits below are recorded and apply with Restart kernel and apply"
+LOCK_BADGE = (
+    "border:1px solid var(--jp-warn-color1, #f57c00);color:var(--jp-warn-color1, #f57c00);"
+    "border-radius:3px;padding:0 4px;font-size:90%"
+)
 BAR_CSS = (
     "display:inline-block;width:160px;height:10px;border-radius:3px;vertical-align:middle;"
     "background:var(--jp-layout-color3, #ddd);overflow:hidden"
@@ -240,17 +244,15 @@ class Panel:
         self.apply_button.tooltip = ("TensorFlow is initialized: only a restart applies changes" if locked
                                      else "TensorFlow is not imported: the policy applies on import"
                                      if not state.imported else "apply the policy now")
-        reason = "TensorFlow is initialized: changes apply after a restart"
         for control in [self.growth, self.allocator, self.cpus, *self.limits.values(), *self.splits.values()]:
-            control.tooltip = reason if locked else None
-        for label_owner in (self.growth, self.allocator, self.cpus):
-            base = label_owner.description.removeprefix(LOCK)
-            label_owner.description = (LOCK + base) if locked else base
+            control.tooltip = LOCKED_REASON if locked else None
         self.header.value = self._header_html(state)
 
     def _header_html(self, state: Any) -> str:
         color = "var(--jp-warn-color1, #f57c00)" if state.initialized else "var(--jp-success-color1, #388e3c)"
         lines = [f"<b>tfgpu</b> · TensorFlow: <span style='color:{color}'>{state.label}</span>"]
+        if state.initialized:
+            lines.append(f"<span style='{LOCK_BADGE}'>locked</span> {LOCKED_REASON}")
         for title, items in pending_groups(self.controller):
             entries = "".join(f"<li>{html.escape(item)}</li>" for item in items)
             lines.append(f"{html.escape(title)}:<ul style='margin:2px 0'>{entries}</ul>")

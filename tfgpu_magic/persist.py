@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import PolicyError, warn
-from .policy import Policy
+
+if TYPE_CHECKING:
+    from .policy import Policy
 
 FORMAT = "tfgpu_magic/policy/1"
 PENDING_PREFIX = "tfgpu-pending-"
@@ -38,6 +39,8 @@ def runtime_dir() -> Path:
 
 def write_policy(path: Path, policy: Policy, **extra: Any) -> None:
     """Write `policy` (plus `extra` fields) as JSON, atomically, mode 0600."""
+    import tempfile
+
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"format": FORMAT, "policy": policy.to_dict(), **extra}
     fd, tmp = tempfile.mkstemp(prefix=".tfgpu-", dir=path.parent)
@@ -55,6 +58,8 @@ def write_policy(path: Path, policy: Policy, **extra: Any) -> None:
 def read_policy(path: Path) -> tuple[Policy, dict[str, Any]] | None:
     """The policy stored at `path` and the file's other fields; None (with a warning if the file is
     there but unusable) when there is none."""
+    from .policy import Policy
+
     try:
         if path.stat().st_uid != os.getuid():
             warn(f"ignoring {path}: it belongs to another user")

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,19 +22,12 @@ from typing import Any
 
 from . import persist
 from .policy import Policy
+from .startup import KernelRef, current_kernel
 
 RESTART_ENV = "TFGPU_MAGIC_RESTART"
 REQUEST_DELAY = 0.5
 """Seconds to wait before asking for the restart, so the cell's reply reaches the front end first."""
 HTTP_TIMEOUT = 3.0
-
-
-@dataclass(frozen=True)
-class KernelRef:
-    """This kernel as Jupyter knows it."""
-
-    kernel_id: str
-    connection_file: str
 
 
 @dataclass(frozen=True)
@@ -74,22 +65,6 @@ class Route:
     kind: str
     reason: str
     server: Server | None = None
-
-
-def current_kernel(shell: Any) -> KernelRef | None:
-    """This kernel's id and connection file, None outside an ipykernel kernel."""
-    if getattr(shell, "kernel", None) is None:
-        return None
-    try:
-        from ipykernel.connect import get_connection_file
-
-        connection_file = get_connection_file()
-    except (ImportError, RuntimeError, OSError):
-        return None
-    name = Path(connection_file).name
-    if not (name.startswith("kernel-") and name.endswith(".json")):
-        return None
-    return KernelRef(name[len("kernel-") : -len(".json")], connection_file)
 
 
 def find_server(kernel_id: str, runtime_dir: Path | None = None) -> Server | None:
@@ -141,6 +116,8 @@ def restart_and_apply(shell: Any, policy: Policy) -> str:
     spawn_reapplier(kernel.connection_file, os.getpid())
     if route.kind == "server":
         assert route.server is not None
+        import threading
+
         threading.Thread(target=_post_restart, args=(route.server, kernel.kernel_id), daemon=True).start()
     else:
         shell.kernel.do_shutdown(True)
@@ -155,8 +132,10 @@ def _post_restart(server: Server, kernel_id: str) -> None:
         print(f"tfgpu_magic: the server refused the restart: {err}", file=sys.__stderr__)
 
 
-def spawn_reapplier(connection_file: str, old_pid: int) -> subprocess.Popen:
+def spawn_reapplier(connection_file: str, old_pid: int) -> Any:
     """Start the detached helper that re-applies the policy in the restarted kernel."""
+    import subprocess
+
     return subprocess.Popen(
         [sys.executable, "-m", "tfgpu_magic.reapply", connection_file, str(old_pid)],
         start_new_session=True,

@@ -1,0 +1,99 @@
+"""What a kernel starts with: the policy `%load_ext` applies before any cell runs.
+
+Sources, later ones replacing earlier ones: the `default_policy` config, the saved default
+(`%tfgpu default save`), a tfgpu kernelspec's environment, a pending restart of this very kernel.
+This module is on the `%load_ext` path: it checks cheaply whether any source exists and imports
+the policy machinery only then.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+
+from . import persist
+from .errors import PolicyError
+
+if TYPE_CHECKING:
+    from .controller import Controller
+    from .policy import Policy
+
+POLICY_ENV = "TFGPU_MAGIC_POLICY"
+"""Environment variable through which a tfgpu kernelspec hands its policy to the kernel."""
+
+
+class KernelRef(NamedTuple):
+    """This kernel as Jupyter knows it."""
+
+    kernel_id: str
+    connection_file: str
+
+
+def current_kernel(shell: Any) -> KernelRef | None:
+    """This kernel's id and connection file, None outside an ipykernel kernel."""
+    if getattr(shell, "kernel", None) is None:
+        return None
+    try:
+        from ipykernel.connect import get_connection_file
+
+        connection_file = get_connection_file()
+    except (ImportError, RuntimeError, OSError):
+        return None
+    name = Path(connection_file).name
+    if not (name.startswith("kernel-") and name.endswith(".json")):
+        return None
+    return KernelRef(name[len("kernel-") : -len(".json")], connection_file)
+
+
+def startup_policy(
+    controller_factory: Callable[[], Controller], configured: list[str], profile_dir: str, shell: Any
+) -> tuple[Policy | None, list[str]]:
+    """The policy this kernel starts with (None: no source), and one-line warnings."""
+    default_file = persist.default_path(profile_dir)
+    kernel = current_kernel(shell)
+    pending_file = persist.pending_path(kernel.kernel_id) if kernel else None
+    if not (configured or default_file.exists() or os.environ.get(POLICY_ENV) or (pending_file and pending_file.exists())):
+        return None, []
+
+    from .policy import Policy
+
+    policy: Policy | None = None
+    warnings: list[str] = []
+
+    def attempt(source: str, read: Callable[[], Policy | None]) -> None:
+        nonlocal policy
+        try:
+            found = read()
+        except (PolicyError, OSError) as err:
+            warnings.append(f"ignoring the {source}: {err}")
+            return
+        if found is not None:
+            policy = found
+
+    if configured:
+        attempt("configured default_policy", lambda: controller_factory().edit_policy(configured, Policy()))
+    attempt("saved default", lambda: _policy_of(persist.read_policy(default_file)))
+    attempt("policy of this kernelspec", lambda: policy_from_env(os.environ))
+    if kernel is not None:
+        attempt("pending policy", lambda: persist.take_pending(kernel.kernel_id))
+    return policy, warnings
+
+
+def policy_from_env(environ: Any) -> Policy | None:
+    """The policy a tfgpu kernelspec put in the environment; `PolicyError` if malformed."""
+    import json
+
+    from .policy import Policy
+
+    raw = environ.get(POLICY_ENV)
+    if not raw:
+        return None
+    try:
+        return Policy.from_dict(json.loads(raw))
+    except json.JSONDecodeError as err:
+        raise PolicyError(f"{POLICY_ENV} is not valid JSON: {err}") from None
+
+
+def _policy_of(found: tuple[Policy, dict] | None) -> Policy | None:
+    return None if found is None else found[0]
