@@ -393,7 +393,8 @@ def test_unreadable_state_falls_back_to_tensorflow_refusal(first: str, second: s
 def test_tensorflow_value_error_is_reported_and_other_steps_still_apply() -> None:
     """A step TensorFlow refuses lands in report.failed with TF's words; the others are applied."""
     fake = FakeTF(3)
-    plan = Plan(visible_gpus=(0, 2), gpu_configs=((0, (None,)), (2, (512,))), cpu_devices=2)
+    # two logical GPUs without a memory limit: TF refuses (a single `(None,)` is the whole GPU, TF's default)
+    plan = Plan(visible_gpus=(0, 2), gpu_configs=((0, (None, None)), (2, (512,))), cpu_devices=2)
     report = apply_plan(plan, fake)
     assert len(report.failed) == 1 and report.locked == []
     assert report.failed[0].startswith("logical devices of GPU:0")
@@ -415,17 +416,18 @@ def test_recorded_settings_show_what_tensorflow_holds() -> None:
     assert "GPU:2: memory growth TF default, logical GPUs 1024 MiB + 1024 MiB" in text
 
 
-# ----- bugs found through the fake (xfail until fixed in tfgpu_magic) --------------------------------
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: removing a recorded limit reports 'Already in force' but it stays"
-))
+# ----- regressions: bugs once found through the fake --------------------------------------------
 def test_limit_off_after_it_was_recorded_is_not_claimed_in_force() -> None:
-    """TF cannot drop a logical config; `limit off` must not be reported as done when it is not."""
+    """TF cannot drop a logical config: `limit off` is reported as needing a restart, not as done."""
     fake, ctl = session(2)
     edit(ctl, "limit 2GB 0")
     report = edit(ctl, "limit off")
-    in_force = fake.initialize()
-    assert gpus_in_force(in_force) == [(0, False, None), (1, False, None)] or not report.ok
+    assert not report.ok and report.applied == []
+    assert [item.split(":")[0] for item in report.locked] == ["logical devices of GPU"]
+    assert "GPU:0: 2048 MiB → TF default" in report.locked[0]
+    pending = status.describe_status(ctl).split("Pending, needs a restart:\n", 1)
+    assert len(pending) == 2 and report.locked[0] in pending[1]
+    assert gpus_in_force(fake.initialize()) == [(0, False, (2048,)), (1, False, None)]  # what the report warned of
 
 
 LEFTOVERS = {
@@ -435,35 +437,29 @@ LEFTOVERS = {
 }
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: growth silently dropped when TF holds a logical config the policy lacks"
-))
 @pytest.mark.parametrize("leftover", LEFTOVERS)
 def test_growth_on_with_leftover_logical_config_is_in_force(leftover: str) -> None:
-    """A recorded logical config makes TF drop allow_growth: growth must then go through the env."""
+    """A recorded logical config makes TF drop allow_growth: growth then goes through the env."""
     fake, ctl = session(2)
     LEFTOVERS[leftover](fake, ctl)
-    report = edit(ctl, "growth on")
+    edit(ctl, "growth on")
+    assert ctl.environ["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
     in_force = fake.initialize()
-    assert all(gpu.growth for gpu in in_force.gpus) or not report.ok
+    assert [gpu.growth for gpu in in_force.gpus] == [True, True]
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "BUG: growth off leaves untouched GPUs at None; TF then refuses to init"
-))
 def test_growth_off_after_hand_set_growth_on_one_gpu_initializes() -> None:
-    """Growth set by hand on GPU:0 only, then `%tfgpu growth off`: the first op must not fail."""
+    """Growth set by hand on GPU:0 only, then `%tfgpu growth off`: growth is set to False on every GPU
+    (TF refuses to initialize with a mix of None and False), so the first op does not fail."""
     fake, ctl = session(2)
     fake.set_growth(_gpu(fake, 0), True)
     assert edit(ctl, "growth off").ok
     assert [gpu.growth for gpu in fake.initialize().gpus] == [False, False]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "BUG: 'sees no GPU' note lost when growth is routed through the env"
-))
 def test_no_gpu_note_also_with_growth_and_cpu_split() -> None:
-    """`growth on` alone says TF sees no GPU; with a CPU split as well it must say so too."""
+    """`growth on` alone says TF sees no GPU; with a CPU split as well (growth then goes through the
+    environment) it says so too."""
     fake, ctl = session(0)
     report = edit(ctl, "growth on", "split cpu 2")
     assert any("sees no GPU" in note for note in report.notes)
