@@ -157,6 +157,21 @@ emit(load=load, status=status, heavy=heavy)
 """
 """`%load_ext`, a policy, then the first bare `%tfgpu` (status), TensorFlow never imported."""
 
+PANEL = """
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.display import display
+shell = InteractiveShell.instance()
+with quiet():
+    shell.run_line_magic("load_ext", "tfgpu_magic")
+    t = clock()
+    from tfgpu_magic.controller import get_controller
+    from tfgpu_magic.panel import Panel
+    display(Panel(get_controller()).widget)
+    seconds = clock() - t
+emit(seconds=seconds)
+"""
+"""First panel built and displayed (ipywidgets import included), TensorFlow not imported."""
+
 TF_IMPORT = """
 from IPython.core.interactiveshell import InteractiveShell
 shell = InteractiveShell.instance()
@@ -199,6 +214,13 @@ def _extension_samples(bench: Bench) -> tuple[list[dict], list[dict]]:
     """Fresh shell starts (baseline) paired with fresh `%load_ext` + policy + status runs."""
     progress(f"shell start vs %load_ext / %tfgpu: {bench.repeat} pairs of fresh interpreters")
     return paired(lambda which: fresh(bench, SHELL_START if which == "baseline" else EXTENSION), bench.repeat)
+
+
+@functools.cache
+def _panel_samples(bench: Bench) -> tuple[list[dict], list[dict]]:
+    """Fresh shell starts (baseline) paired with fresh first panel displays."""
+    progress(f"shell start vs first panel display: {bench.repeat} pairs of fresh interpreters")
+    return paired(lambda which: fresh(bench, SHELL_START if which == "baseline" else PANEL), bench.repeat)
 
 
 @functools.cache
@@ -321,6 +343,14 @@ def tf_import_with_vs_without(bench: Bench) -> Row:
                      [p["seconds"] for p in plain], 1.05, note=f"CPU-time ratio {cpu.ratio:.4g}")
 
 
+def panel_vs_shell_start(bench: Bench) -> Row:
+    """First `Panel` built and displayed / the shell's own start (the issue sets no target; a panel
+    that costs more than a whole shell start would be noticed, hence 1.0)."""
+    shells, panels = _panel_samples(bench)
+    return ratio_row("panel first display / shell start", [p["seconds"] for p in panels],
+                     [s["seconds"] for s in shells], 1.0)
+
+
 FIGURES: list[Callable[[Bench], Row]] = [
     load_ext_vs_shell_start,
     heavy_imports_after_load,
@@ -328,6 +358,7 @@ FIGURES: list[Callable[[Bench], Row]] = [
     policy_apply_vs_tf_import,
     tf_import_with_vs_without,
     status_vs_shell_start,
+    panel_vs_shell_start,
 ]
 
 
@@ -417,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
 
     info = machine()
-    print(f"tfgpu_magic benchmarks: median of {args.repeat} paired samples, {elapsed:.0f} s")
+    print(f"tfgpu_magic benchmarks: medians of {args.repeat} back-to-back pairs (ratio: median of the "
+          f"per-pair ratios), {elapsed:.0f} s")
     print("machine: " + ", ".join(f"{key} {value}" for key, value in info.items()))
     print(f"bytecode: {'cached (private PYTHONPYCACHEPREFIX)' if args.pyc_cache else 'as the environment says'}")
     print()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -9,6 +11,7 @@ import sys
 from typing import Callable, Iterator
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
 from IPython.core.error import UsageError
 from IPython.core.profiledir import ProfileDir
 from IPython.testing.globalipapp import get_ipython
@@ -17,8 +20,11 @@ from traitlets.config import Config
 import tfgpu_magic
 import tfgpu_magic.controller
 from cases import params
+from strategies import FUZZ_EXAMPLES, directive_lines
 from tfgpu_magic import importhook
 from tfgpu_magic.controller import Controller
+from tfgpu_magic.errors import PolicyError
+from tfgpu_magic.grammar import split_words
 from tfgpu_magic.inventory import Inventory, InventoryCatalog
 from tfgpu_magic.magics import TFGPUMagics
 from tfgpu_magic.plan import OUR_ENV
@@ -266,3 +272,32 @@ def test_load_ext_imports_nothing_heavy(tmp_path) -> None:  # noqa: ANN001
     done = subprocess.run([sys.executable, "-c", LOAD_PROBE], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == {"load": [], "edit": [], "status": []}
+
+
+# ----- fuzz: a line through the magic is a policy or a UsageError, and an error changes nothing -----
+SIDE_EFFECTS = {"restart", "panel", "doctor", "default", "autoload", "kernelspec"}
+"""Actions that touch files, kernels or widgets; the fuzz leaves them to their own tests."""
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(line=directive_lines())
+def test_fuzzed_line_is_a_policy_or_a_usage_error(make_magic, shell, line: str) -> None:  # noqa: ANN001
+    """Random and mutated lines: either the magic accepts them (a valid policy) or it raises a
+    UsageError, and then the policy and the environment are exactly as before."""
+    try:
+        words = split_words(line)
+    except PolicyError:
+        words = []
+    assume(not words or words[0].lower() not in SIDE_EFFECTS)
+    environ = {"TF_GPU_ALLOCATOR": "user-value"}
+    controller = make_magic(environ)
+    controller.edit([controller.parse("growth on"), controller.parse("split cpu 2")])
+    before_policy, before_env = controller.policy, dict(environ)
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            shell.run_line_magic("tfgpu", line)
+        except UsageError as err:
+            assert "\n" not in str(err)
+            assert controller.policy == before_policy and environ == before_env
+            return
+    controller.policy.validate()
