@@ -166,3 +166,34 @@ def test_memory_bar_unknown():
     """A GPU without memory figures says so instead of drawing a bar."""
     assert "unknown" in memory_bar(GpuRow("0", "GPU"))
     assert "width:50%" in memory_bar(GpuRow("0", "GPU", used_mib=512, total_mib=1024))
+
+
+def test_panel_edit_shows_in_status_and_export():
+    """What the panel sets is what `%tfgpu` status and `export` show."""
+    from tfgpu_magic.export import export
+    from tfgpu_magic.status import describe_status
+
+    panel, ctl = make_panel()
+    panel.cpus.value = 2
+    panel.limits["1"].value = "1.5GB"
+    status = describe_status(ctl)
+    assert "split cpu into 2 logical devices" in status and "limit 1536 MiB on GPU 1" in status
+    code = export(ctl.policy)
+    assert "LogicalDeviceConfiguration()] * 2" in code and "memory_limits = {1: [1536]}" in code
+
+
+def test_panel_in_terminal_ipython_needs_a_notebook(capsys):
+    """`%tfgpu panel` in terminal IPython says it needs a notebook front end, and builds nothing."""
+    from IPython.testing.globalipapp import get_ipython
+
+    from tfgpu_magic.magics import TFGPUMagics
+
+    shell = get_ipython()
+    previous = shell.magics_manager.registry.get("TFGPUMagics")
+    shell.register_magics(TFGPUMagics(shell, controller=Controller(environ={})))
+    try:
+        shell.run_line_magic("tfgpu", "panel")
+    finally:
+        if previous is not None:
+            shell.register_magics(previous)
+    assert "needs a notebook front end" in capsys.readouterr().out
