@@ -8,17 +8,20 @@ Kernels here are never given `%load_ext` after a restart: the extension must com
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import stat
 import sys
+import threading
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+from jupyter_client import BlockingKernelClient
 from kernels import CellResult
 from servers import (
     JupyterEnv,
@@ -80,14 +83,23 @@ def pending_file(env: JupyterEnv, kernel_id: str) -> Path:
 
 
 def restart_into_policy(kernel: KernelConnection, cell: str) -> tuple[KernelConnection, str]:
-    """Run `cell` (which restarts the kernel); wait for the new kernel (different PID) and for the
-    extension to be loaded there by itself. Returns the new kernel and the cell's output."""
+    """Run `cell` (which restarts the kernel) and `await_reapplied`; the new kernel and the cell's output."""
     old_pid = kernel.pid()
-    result = kernel.ok(cell)
+    output = kernel.ok(cell).output
+    return await_reapplied(kernel, old_pid), output
+
+
+def await_reapplied(kernel: KernelConnection, old_pid: int) -> KernelConnection:
+    """Wait for the new kernel (another PID) to take the pending policy and have the extension
+    loaded, by itself; return it. The pending file is watched rather than the kernel polled:
+    polling keeps IOPub busy, which holds the re-apply helper back (see
+    `test_reapply_is_not_held_back_by_iopub_traffic`)."""
+    path = pending_file(kernel.env, kernel.kernel_id)
+    wait_until(lambda: not path.exists(), RESTART_TIMEOUT, f"{path.name} taken by the new kernel", interval=0.02)
     new = await_new_kernel(kernel, old_pid, RESTART_TIMEOUT)
     assert new.pid() != old_pid
-    wait_until(lambda: new.evaluate(EXTENSION_LOADED, timeout=10), RESTART_TIMEOUT, "tfgpu_magic loaded again")
-    return new, result.output
+    wait_until(lambda: new.evaluate(EXTENSION_LOADED, timeout=10), 10, "tfgpu_magic loaded again", interval=0.5)
+    return new
 
 
 def assert_kernel_kept(kernel: KernelConnection, pid: int) -> None:
@@ -178,13 +190,56 @@ def test_two_kernels_restarted_side_by_side_keep_their_own_policy(server: Jupyte
     with server.kernel() as first, server.kernel() as second:
         pids = {first.kernel_id: first.pid(), second.kernel_id: second.pid()}
         for kernel, count in ((first, 2), (second, 3)):
-            assert RESTARTING in kernel.ok(f"%load_ext tfgpu_magic\n%tfgpu split cpu {count}\n%tfgpu restart --yes").stdout
-        renewed = {}
-        for kernel in (first, second):
-            renewed[kernel.kernel_id] = new = await_new_kernel(kernel, pids[kernel.kernel_id], RESTART_TIMEOUT)
-            wait_until(lambda: new.evaluate(EXTENSION_LOADED, timeout=10), RESTART_TIMEOUT, "tfgpu_magic loaded again")
+            cell = f"%load_ext tfgpu_magic\n%tfgpu split cpu {count}\n%tfgpu restart --yes"
+            assert RESTARTING in kernel.ok(cell).stdout
+        renewed = {kernel.kernel_id: await_reapplied(kernel, pids[kernel.kernel_id]) for kernel in (first, second)}
         assert logical_cpus(renewed[first.kernel_id]) == 2
         assert logical_cpus(renewed[second.kernel_id]) == 3
+
+
+# ----- the re-apply helper and a busy IOPub channel ---------------------------------------------
+@contextlib.contextmanager
+def steady_iopub_traffic(connection_file: Path, interval: float = 0.01) -> Iterator[None]:
+    """A second client sending a silent no-op every `interval` s, so the kernel's IOPub channel
+    (status busy/idle, seen by every client) never stays quiet for 0.2 s."""
+    client = BlockingKernelClient(connection_file=str(connection_file))
+    client.load_connection_file()
+    client.start_channels(hb=False)
+    stop = threading.Event()
+
+    def send() -> None:
+        while not stop.wait(interval):
+            client.execute("pass", silent=True, store_history=False)
+
+    sender = threading.Thread(target=send, name="steady-iopub", daemon=True)
+    sender.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        sender.join(5)
+        client.stop_channels()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: reapply.py uses wait_for_ready(), whose final IOPub flush only ends after 0.2 s of "
+    "IOPub silence: any client producing steady output holds the re-apply back indefinitely",
+)
+def test_reapply_is_not_held_back_by_iopub_traffic(server: JupyterServer):
+    """Another client keeps the new kernel busy with tiny requests (a polling front end, a cell
+    streaming output): the pending policy is still taken within a few seconds."""
+    with server.kernel() as kernel:
+        old_pid = kernel.pid()
+        kernel.ok("%load_ext tfgpu_magic\n%tfgpu split cpu 2\n%tfgpu restart --yes")
+        path = pending_file(server.env, kernel.kernel_id)
+        wait_until(lambda: not pid_alive(old_pid), RESTART_TIMEOUT, "old kernel gone", interval=0.02)
+        with steady_iopub_traffic(kernel.connection_file):
+            with contextlib.suppress(TimeoutError):
+                wait_until(lambda: not path.exists(), 5, "pending policy taken", interval=0.1)
+            taken = not path.exists()
+        await_reapplied(kernel, old_pid)  # once the traffic stops, the helper gets through
+        assert taken
 
 
 # ----- (f) unusable pending files and runtime dirs ----------------------------------------------
@@ -241,46 +296,60 @@ def load_with_bad_pending(request, server: JupyterServer):
 
 
 def test_unusable_pending_file_is_a_warning_not_a_failure(load_with_bad_pending: BadPendingLoad):
-    """The kernel starts, `%load_ext` succeeds with a warning naming the file and the reason, no
-    traceback, and the magic works afterwards; another user's file is left untouched."""
+    """The kernel starts, `%load_ext` succeeds with one warning line naming the file and the reason,
+    no traceback, and the magic works afterwards; another user's file is left untouched."""
     loaded = load_with_bad_pending
     assert loaded.result.status == "ok" and not loaded.result.errors, loaded.result.output
     assert "Traceback" not in loaded.result.output
-    for part in ("tfgpu_magic", loaded.reason, loaded.path.name):
-        assert part in loaded.result.output
+    lines = [line for line in loaded.result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("tfgpu_magic: "), loaded.result.output
+    assert loaded.reason in lines[0] and loaded.path.name in lines[0]
     assert loaded.kernel.evaluate(EXTENSION_LOADED)
     assert "Recorded" in loaded.kernel.ok("%tfgpu split cpu 2").stdout
     if loaded.case == "other-user":
         assert loaded.path.stat().st_uid == 65534 and loaded.path.read_bytes() == loaded.content
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: persist warnings print the file:line of persist.py and a source line")
-def test_unusable_pending_file_warning_is_one_line(load_with_bad_pending: BadPendingLoad):
-    """The warning is one line starting with `tfgpu_magic:`, without package source locations."""
-    output = load_with_bad_pending.result.output
-    lines = [line for line in output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("tfgpu_magic: "), output
-
-
-def test_extension_loaded_at_start_survives_corrupt_pending_file(server: JupyterServer):
-    """A kernel whose kernelspec loads the extension at start (`--ext`) still starts after a restart
-    with a corrupt pending file, with `%tfgpu` working."""
+@pytest.fixture
+def ext_kernel_after_corrupt_pending(server: JupyterServer):
+    """A kernel whose kernelspec loads the extension at start (`--ext`), restarted by the server
+    while a corrupt pending file waited for it: (kernel, the output of its first cell)."""
     with server.kernel("python3-ext") as kernel:
         assert kernel.evaluate(EXTENSION_LOADED)
         old_pid = kernel.pid()
-        _corrupt(pending_file(server.env, kernel.kernel_id))
-        server.restart_kernel(kernel.kernel_id)
+        path = pending_file(server.env, kernel.kernel_id)
+        _corrupt(path)
         try:
+            server.restart_kernel(kernel.kernel_id)
             kernel = await_new_kernel(kernel, old_pid, RESTART_TIMEOUT)
-            assert kernel.evaluate(EXTENSION_LOADED)
-            assert "Recorded" in kernel.ok("%tfgpu split cpu 2").stdout
+            yield kernel, kernel.ok("%tfgpu split cpu 2").output
         finally:
-            pending_file(server.env, kernel.kernel_id).unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
 
 
-def test_unusable_runtime_dir_at_persist_level(tmp_path: Path):
+def test_extension_loaded_at_start_survives_corrupt_pending_file(ext_kernel_after_corrupt_pending):
+    """That kernel starts, with the extension loaded and `%tfgpu` working."""
+    kernel, first_output = ext_kernel_after_corrupt_pending
+    assert kernel.evaluate(EXTENSION_LOADED)
+    assert "Recorded" in first_output and "Traceback" not in first_output
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: warnings printed while the extension loads at kernel start (kernelspec --ext, "
+    "autoload) are lost: sys.stderr is already ipykernel's IOPub stream and no client listens yet",
+)
+def test_startup_warning_reaches_the_user(ext_kernel_after_corrupt_pending, server: JupyterServer):
+    """The warning about the corrupt pending file shows up somewhere a user looks: the first
+    cell's output or the server's log (where a kernel's own stderr goes)."""
+    kernel, first_output = ext_kernel_after_corrupt_pending
+    warning = f"tfgpu_magic: ignoring unusable policy file {pending_file(server.env, kernel.kernel_id)}"
+    assert warning in first_output or warning in server.log.read_text(errors="replace")
+
+
+def test_unusable_runtime_dir_at_persist_level(tmp_path: Path, capsys):
     """A runtime dir that is a file: storing raises OSError (which `restart` reports), taking finds
-    nothing and warns, and neither raises anything else."""
+    nothing with one warning line; a missing runtime dir is silently no policy."""
     from tfgpu_magic import persist
     from tfgpu_magic.policy import Policy
 
@@ -288,11 +357,12 @@ def test_unusable_runtime_dir_at_persist_level(tmp_path: Path):
     not_a_dir.write_text("a file, not a directory")
     with pytest.raises(OSError):
         persist.store_pending("k1", Policy(cpu_devices=2), directory=not_a_dir)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert persist.take_pending("k1", directory=not_a_dir) is None
-    assert all("tfgpu_magic" in str(warning.message) for warning in caught)
+    capsys.readouterr()
+    assert persist.take_pending("k1", directory=not_a_dir) is None
     assert persist.take_pending("k1", directory=tmp_path / "missing") is None
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert captured.out == "" and len(lines) == 1 and lines[0].startswith("tfgpu_magic: "), captured
 
 
 def test_policy_files_are_private_whatever_the_umask(tmp_path: Path):
@@ -320,7 +390,8 @@ def test_kernelspec_starts_kernels_with_policy(server: JupyterServer):
     from it whose first TF cell has the policy in force, and `--remove` takes it away."""
     spec_dir = server.env.kernels_dir / "tfgpu-test"
     with server.kernel() as kernel:
-        installed = kernel.ok('%load_ext tfgpu_magic\n%tfgpu split cpu 3\n%tfgpu kernelspec tfgpu-test --display-name "TF test"')
+        kernel.ok("%load_ext tfgpu_magic\n%tfgpu split cpu 3")
+        installed = kernel.ok('%tfgpu kernelspec tfgpu-test --display-name "TF test"')
         assert "Installed kernelspec 'tfgpu-test'" in installed.stdout
         spec = json.loads((spec_dir / "kernel.json").read_text())
         assert spec["display_name"] == "TF test" and spec["argv"][0] == sys.executable
@@ -392,8 +463,8 @@ def test_token_never_leaks(server: JupyterServer, tmp_path: Path):
         new, _ = restart_into_policy(kernel, "%tfgpu restart --yes\n" + SNAPSHOT_PENDING.format(target=str(tmp_path)))
         new.ok("%tfgpu")
     snapshots = list(tmp_path.glob("tfgpu-pending-*"))
-    assert [path.name for path in snapshots] == [f"tfgpu-pending-{kernel.kernel_id}.json"]
-    assert set(json.loads(snapshots[0].read_text())) == PENDING_FIELDS
+    ours = tmp_path / pending_file(server.env, kernel.kernel_id).name
+    assert ours in snapshots and set(json.loads(ours.read_text())) == PENDING_FIELDS
     for path in [*snapshots, *server.env.runtime_dir.glob("tfgpu-pending-*")]:
         assert server.token not in path.read_text(errors="replace")
     assert server.env.transcript and not any(server.token in output for output in server.env.transcript)
