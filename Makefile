@@ -21,5 +21,10 @@ test: $(STAMP)  ## set up and run the whole test suite
 bench: $(STAMP)  ## speed figures, as ratios against baselines measured in the same run
 	$(BIN)/python benchmarks/run.py
 
+soak: $(STAMP)  ## long runs: 100,000 fuzzed directive lines, 50 restart-and-apply cycles
+	TFGPU_FUZZ_EXAMPLES=100000 $(BIN)/python -m pytest -q -p no:cacheprovider \
+		tests/test_grammar.py tests/test_magic.py -k "fuzz or any_line"
+	TFGPU_RESTART_CYCLES=50 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_restart.py -k cycles
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

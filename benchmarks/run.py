@@ -351,6 +351,16 @@ def panel_vs_shell_start(bench: Bench) -> Row:
                      [s["seconds"] for s in shells], 1.0)
 
 
+def restart_vs_plain_restart(bench: Bench) -> Row:
+    """`%tfgpu restart --yes` until the policy is in force / a plain server restart (bench_restart.py)."""
+    from bench_restart import TARGET, restart_roundtrip
+
+    progress(f"restart and apply vs plain server restart: {bench.repeat} pairs under a real server")
+    result = restart_roundtrip(bench.repeat)
+    return ratio_row("restart and apply / plain restart", result["samples"]["apply_s"],
+                     result["samples"]["plain_s"], TARGET)
+
+
 FIGURES: list[Callable[[Bench], Row]] = [
     load_ext_vs_shell_start,
     heavy_imports_after_load,
@@ -359,6 +369,7 @@ FIGURES: list[Callable[[Bench], Row]] = [
     tf_import_with_vs_without,
     status_vs_shell_start,
     panel_vs_shell_start,
+    restart_vs_plain_restart,
 ]
 
 

@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from traitlets import List, Unicode
 
-from .errors import PolicyError, warn
+from .errors import PolicyError
 
 if TYPE_CHECKING:
     from .controller import Controller
@@ -100,17 +100,17 @@ class TFGPUMagics(Magics):
 
 def load(shell: Any) -> TFGPUMagics:
     """Register the magics on `shell` and apply the policy this kernel starts with."""
-    from .startup import startup_policy
+    from .startup import say, startup_policy
 
     magics = TFGPUMagics(shell)
     shell.register_magics(magics)
     policy, warnings = startup_policy(lambda: magics.controller, magics.default_policy, magics.profile_dir, shell)
     for warning in warnings:
-        warn(warning)
+        say(shell, f"tfgpu_magic: {warning}")
     if policy is not None:
         report = magics.controller.set_policy(policy)
         if not report.ok:
             from .status import describe_report
 
-            print(describe_report(report))
+            say(shell, describe_report(report))
     return magics

@@ -56,23 +56,27 @@ def write_policy(path: Path, policy: Policy, **extra: Any) -> None:
 
 
 def read_policy(path: Path) -> tuple[Policy, dict[str, Any]] | None:
-    """The policy stored at `path` and the file's other fields; None (with a warning if the file is
-    there but unusable) when there is none."""
+    """The policy stored at `path` and the file's other fields; None when there is no file.
+
+    A file that is there but unusable (corrupt, foreign, another user's, unreadable) is a one-line
+    `PolicyError` for the caller to show as a warning; the file itself is left as it is."""
     from .policy import Policy
 
     try:
-        if path.stat().st_uid != os.getuid():
-            warn(f"ignoring {path}: it belongs to another user")
-            return None
+        owner = path.stat().st_uid
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise PolicyError(f"unusable policy file {path}: {err}") from None
+    if owner != os.getuid():
+        raise PolicyError(f"policy file {path} belongs to another user")
+    try:
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise PolicyError("not a tfgpu_magic policy file")
         return Policy.from_dict(data.get("policy")), data
-    except FileNotFoundError:
-        return None
     except (OSError, ValueError) as err:  # PolicyError and JSONDecodeError are ValueErrors
-        warn(f"ignoring unusable policy file {path}: {err}")
-        return None
+        raise PolicyError(f"unusable policy file {path}: {err}") from None
 
 
 def pending_path(kernel_id: str, directory: Path | None = None) -> Path:
@@ -88,7 +92,8 @@ def store_pending(kernel_id: str, policy: Policy, directory: Path | None = None)
 
 
 def take_pending(kernel_id: str, directory: Path | None = None) -> Policy | None:
-    """The pending policy of `kernel_id`, removing the file; stale files of any kernel are cleaned."""
+    """The pending policy of `kernel_id`, removing the file; stale files of any kernel are cleaned.
+    `PolicyError` (file left in place) if the file is unusable."""
     directory = directory or runtime_dir()
     clean_stale(directory)
     path = pending_path(kernel_id, directory)
@@ -121,6 +126,26 @@ DEFAULT_NAME = "tfgpu_magic_default.json"
 AUTOLOAD_NAME = "50-tfgpu_magic.py"
 AUTOLOAD_MARKER = "# Written by `%tfgpu autoload on`; `%tfgpu autoload off` removes it."
 AUTOLOAD_CODE = f'{AUTOLOAD_MARKER}\nget_ipython().run_line_magic("load_ext", "tfgpu_magic")\n'
+
+
+PENDING_STARTUP_NAME = "00-tfgpu_magic_pending.py"
+PENDING_STARTUP_MARKER = "# Written by `%tfgpu restart`: loads tfgpu_magic where a restart left a pending policy."
+PENDING_STARTUP_CODE = f"""{PENDING_STARTUP_MARKER}
+try:
+    from tfgpu_magic.startup import load_if_pending
+    load_if_pending(get_ipython())
+except Exception as err:  # a kernel must start whatever happens here
+    print(f"tfgpu_magic: could not apply the pending policy: {{err}}")
+"""
+
+
+def set_pending_startup(profile_dir: str | Path) -> None:
+    """Make sure the profile's startup file that applies pending policies exists (it costs a kernel
+    one file check at start; the extension loads only where a policy is pending)."""
+    path = Path(profile_dir) / "startup" / PENDING_STARTUP_NAME
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(PENDING_STARTUP_CODE, encoding="utf-8")
 
 
 def default_path(profile_dir: str | Path) -> Path:

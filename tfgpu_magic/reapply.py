@@ -43,23 +43,22 @@ def reapply(connection_file: str, old_pid: int, deadline: float = DEADLINE) -> b
     client.load_connection_file()
     client.start_channels()
     try:
-        while time.monotonic() < end:
-            try:
-                client.wait_for_ready(timeout=max(0.1, min(5.0, end - time.monotonic())))
-                break
-            except RuntimeError:
-                continue
-        else:
-            return False
-        msg_id = client.execute(LOAD, silent=True, store_history=False)
-        reply = client.get_shell_msg(timeout=max(0.1, end - time.monotonic()))
-        while reply["parent_header"].get("msg_id") != msg_id:
-            reply = client.get_shell_msg(timeout=max(0.1, end - time.monotonic()))
-        return reply["content"].get("status") == "ok"
+        # kernel_info answered on the shell channel means the new kernel is serving requests. (Not
+        # `wait_for_ready`: it also waits for a quiet IOPub, which other clients can hold off forever.)
+        _reply(client, client.kernel_info(), end)
+        return _reply(client, client.execute(LOAD, silent=True, store_history=False), end)["status"] == "ok"
     except Exception:  # noqa: BLE001  (queue.Empty, zmq errors: give up quietly, the user can rerun)
         return False
     finally:
         client.stop_channels()
+
+
+def _reply(client: object, msg_id: str, end: float) -> dict:
+    """The content of the shell reply to `msg_id`, waiting until `end` at most (queue.Empty after)."""
+    while True:
+        reply = client.get_shell_msg(timeout=max(0.05, end - time.monotonic()))  # type: ignore[attr-defined]
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply["content"]
 
 
 def main(argv: list[str]) -> int:

@@ -25,7 +25,7 @@ from .policy import Policy
 from .startup import KernelRef, current_kernel
 
 RESTART_ENV = "TFGPU_MAGIC_RESTART"
-REQUEST_DELAY = 0.5
+REQUEST_DELAY = 0.2
 """Seconds to wait before asking for the restart, so the cell's reply reaches the front end first."""
 HTTP_TIMEOUT = 3.0
 
@@ -108,6 +108,7 @@ def restart_and_apply(shell: Any, policy: Policy) -> str:
     if kernel is None:
         return f"Not restarted: {route.reason}. `%tfgpu export` gives the policy as code."
     try:
+        persist.set_pending_startup(shell.profile_dir.location)
         persist.store_pending(kernel.kernel_id, policy)
     except OSError as err:
         return f"Not restarted: could not store the policy in {persist.runtime_dir()}: {err}"

@@ -46,6 +46,28 @@ def current_kernel(shell: Any) -> KernelRef | None:
     return KernelRef(name[len("kernel-") : -len(".json")], connection_file)
 
 
+def load_if_pending(shell: Any) -> None:
+    """Run from the profile's startup file (see `persist.set_pending_startup`): load the extension in
+    a kernel that a `%tfgpu restart` left a pending policy for, before any cell runs."""
+    kernel = current_kernel(shell)
+    if kernel is not None and persist.pending_path(kernel.kernel_id).exists():
+        shell.run_line_magic("load_ext", "tfgpu_magic")
+
+
+def say(shell: Any, text: str) -> None:
+    """Print `text` now, or, while a kernel is still starting (no request to answer, so nobody would
+    see it), at the start of the first cell."""
+    if getattr(shell, "kernel", None) is None or getattr(shell, "parent_header", None):
+        print(text)
+        return
+
+    def once(*_: Any) -> None:
+        shell.events.unregister("pre_run_cell", once)
+        print(text)
+
+    shell.events.register("pre_run_cell", once)
+
+
 def startup_policy(
     controller_factory: Callable[[], Controller], configured: list[str], profile_dir: str, shell: Any
 ) -> tuple[Policy | None, list[str]]:
