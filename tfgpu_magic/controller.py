@@ -19,9 +19,6 @@ from .plan import CUDA_ENV, OUR_ENV, Plan, build_plan, gpu_refs
 from .policy import Policy, is_index
 from .runtime import ApplyReport, ConfigAPI, RuntimeState, TensorFlowConfig, any_logical_recorded, apply_plan
 
-_UNSET = object()
-
-
 class Controller:
     """Holds the desired policy and applies it: via the environment and an import hook before
     TensorFlow is imported, through `tf.config` after, and reports what is locked once initialized."""
@@ -90,7 +87,7 @@ class Controller:
         recorded = (state.devices_listed or (probe and state.imported)) and any_logical_recorded(self.api)
         inherited = self.environ.get("CUDA_VISIBLE_DEVICES") if state.devices_listed else self._inherited_cvd()
         uuids = [ref for ref in gpu_refs(self.policy) if not is_index(ref)]
-        aliases = self.catalog.uuid_to_index() if uuids and hasattr(self.catalog, "uuid_to_index") else None
+        aliases = self.catalog.uuid_to_index() if uuids else None
         return build_plan(self.policy, inherited, cuda_started=state.devices_listed, aliases=aliases,
                           logical_recorded=recorded)
 

@@ -39,6 +39,9 @@ class GpuCatalog(Protocol):
     def by_free_memory(self) -> list:
         """GPUs (with `.uuid`, `.index`, `.memory_free_mib`, `.utilization_pct`), freest first."""
 
+    def uuid_to_index(self) -> dict[str, str]:
+        """GPU UUID → nvidia-smi index, for every GPU known (empty without an inventory)."""
+
 
 @dataclass(frozen=True)
 class Edit:

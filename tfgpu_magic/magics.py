@@ -106,7 +106,7 @@ def load(shell: Any) -> TFGPUMagics:
     shell.register_magics(magics)
     policy, warnings = startup_policy(lambda: magics.controller, magics.default_policy, magics.profile_dir, shell)
     for warning in warnings:
-        say(shell, f"tfgpu_magic: {warning}")
+        say(shell, f"tfgpu_magic: {warning}", warning=True)
     if policy is not None:
         report = magics.controller.set_policy(policy)
         if not report.ok:

@@ -9,6 +9,7 @@ the policy machinery only then.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
@@ -54,16 +55,17 @@ def load_if_pending(shell: Any) -> None:
         shell.run_line_magic("load_ext", "tfgpu_magic")
 
 
-def say(shell: Any, text: str) -> None:
-    """Print `text` now, or, while a kernel is still starting (no request to answer, so nobody would
-    see it), at the start of the first cell."""
+def say(shell: Any, text: str, warning: bool = False) -> None:
+    """Print `text` (a warning to stderr) now, or, while a kernel is still starting (no request to
+    answer, so nobody would see it), at the start of the first cell."""
+    stream = "stderr" if warning else "stdout"
     if getattr(shell, "kernel", None) is None or getattr(shell, "parent_header", None):
-        print(text)
+        print(text, file=getattr(sys, stream))
         return
 
     def once(*_: Any) -> None:
         shell.events.unregister("pre_run_cell", once)
-        print(text)
+        print(text, file=getattr(sys, stream))
 
     shell.events.register("pre_run_cell", once)
 
