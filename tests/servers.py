@@ -42,7 +42,6 @@ from jupyter_client import BlockingKernelClient, KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 from kernels import CELL_TIMEOUT, QUIET_ENV, CellResult, Kernel
 
-from tfgpu_magic.reapply import pid_alive
 
 STARTUP_TIMEOUT = 60.0
 """Seconds for a server to answer /api/status, or a kernel its first kernel_info request."""
@@ -72,6 +71,23 @@ def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: 
         if time.monotonic() > deadline:
             raise TimeoutError(f"not within {timeout:.0f} s: {what}") from last_error
         time.sleep(interval)
+
+
+def pid_alive(pid: int) -> bool:
+    """True while process `pid` exists and is not a zombie (a zombie has finished running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def free_port() -> int:

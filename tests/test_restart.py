@@ -100,9 +100,7 @@ def restart_into_policy(kernel: KernelConnection, cell: str) -> tuple[KernelConn
 
 def await_reapplied(kernel: KernelConnection, old_pid: int) -> KernelConnection:
     """Wait for the new kernel (another PID) to take the pending policy and have the extension
-    loaded, by itself; return it. The pending file is watched rather than the kernel polled:
-    polling keeps IOPub busy, which holds the re-apply helper back (see
-    `test_reapply_is_not_held_back_by_iopub_traffic`)."""
+    loaded, by itself; return it."""
     path = pending_file(kernel.env, kernel.kernel_id)
     wait_until(lambda: not path.exists(), RESTART_TIMEOUT, f"{path.name} taken by the new kernel", interval=0.02)
     new = await_new_kernel(kernel, old_pid, RESTART_TIMEOUT)
@@ -206,7 +204,7 @@ def test_two_kernels_restarted_side_by_side_keep_their_own_policy(server: Jupyte
         assert logical_cpus(renewed[second.kernel_id]) == 3
 
 
-# ----- the re-apply helper and a busy IOPub channel ---------------------------------------------
+# ----- the first cell of the new kernel, even with other clients busy ------------------------------
 @contextlib.contextmanager
 def steady_iopub_traffic(connection_file: Path, interval: float = 0.01) -> Iterator[None]:
     """A second client sending a silent no-op every `interval` s, so the kernel's IOPub channel
@@ -230,20 +228,22 @@ def steady_iopub_traffic(connection_file: Path, interval: float = 0.01) -> Itera
         client.stop_channels()
 
 
-def test_reapply_is_not_held_back_by_iopub_traffic(server: JupyterServer):
-    """Another client keeps the new kernel busy with tiny requests (a polling front end, a cell
-    streaming output): the pending policy is still taken within a few seconds."""
+def test_first_cell_after_restart_has_the_policy_even_under_traffic(server: JupyterServer):
+    """The first cell that reaches the new kernel, sent the moment it answers, while another client
+    keeps it busy with tiny requests (a polling front end), already sees the policy: the pending
+    policy is taken at kernel start, before any request is served."""
     with server.kernel() as kernel:
         old_pid = kernel.pid()
         kernel.ok("%load_ext tfgpu_magic\n%tfgpu split cpu 2\n%tfgpu restart --yes")
         path = pending_file(server.env, kernel.kernel_id)
-        wait_until(lambda: not pid_alive(old_pid), RESTART_TIMEOUT, "old kernel gone", interval=0.02)
-        with steady_iopub_traffic(kernel.connection_file):
-            with contextlib.suppress(TimeoutError):
-                wait_until(lambda: not path.exists(), 5, "pending policy taken", interval=0.1)
-            taken = not path.exists()
-        await_reapplied(kernel, old_pid)  # once the traffic stops, the helper gets through
-        assert taken
+        new = await_new_kernel(kernel, old_pid, RESTART_TIMEOUT)
+        try:
+            with steady_iopub_traffic(new.connection_file):
+                first = new.evaluate("__import__('tfgpu_magic').current_policy().cpu_devices")
+            assert first == 2 and not path.exists()
+            assert new.evaluate(EXTENSION_LOADED)
+        finally:
+            new.close()
 
 
 # ----- (f) unusable pending files and runtime dirs ----------------------------------------------

@@ -5,9 +5,10 @@ Routes, in order (facts in DESIGN.md §3):
 2. no server, but the kernel was started with `TFGPU_MAGIC_RESTART=exit` (a manager that restarts
    dead kernels; such a manager cannot be detected from inside the kernel) → exit cleanly;
 3. otherwise (nbclient, VS Code, terminal IPython) → never kill the kernel; say what to do.
-In routes 1 and 2 a detached helper (`python -m tfgpu_magic.reapply`) waits for the old kernel to go,
-connects to the same connection file and runs `%load_ext tfgpu_magic` in the new kernel, which takes
-the pending policy stored for this kernel id. Tokens are never printed or logged.
+The policy is stored as pending for this kernel id, and a startup file in the IPython profile loads
+the extension in the new kernel before it answers any cell; loading takes the pending policy. (An
+earlier design re-applied from a detached helper over the connection file; a cell sent right after
+the restart could beat it, which the startup file rules out.) Tokens are never printed or logged.
 """
 
 from __future__ import annotations
@@ -111,10 +112,9 @@ def restart_and_apply(shell: Any, policy: Policy) -> str:
         persist.set_pending_startup(shell.profile_dir.location)
         persist.store_pending(kernel.kernel_id, policy)
     except OSError as err:
-        return f"Not restarted: could not store the policy in {persist.runtime_dir()}: {err}"
+        return f"Not restarted: could not store the policy for the new kernel: {err}"
     if route.kind == "none":
         return f"Not restarted: {route.reason}. The policy is stored; `%load_ext tfgpu_magic` applies it there."
-    spawn_reapplier(kernel.connection_file, os.getpid())
     if route.kind == "server":
         assert route.server is not None
         import threading
@@ -131,17 +131,3 @@ def _post_restart(server: Server, kernel_id: str) -> None:
         server.request("POST", f"api/kernels/{kernel_id}/restart")
     except OSError as err:
         print(f"tfgpu_magic: the server refused the restart: {err}", file=sys.__stderr__)
-
-
-def spawn_reapplier(connection_file: str, old_pid: int) -> Any:
-    """Start the detached helper that re-applies the policy in the restarted kernel."""
-    import subprocess
-
-    return subprocess.Popen(
-        [sys.executable, "-m", "tfgpu_magic.reapply", connection_file, str(old_pid)],
-        start_new_session=True,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        close_fds=True,
-    )
