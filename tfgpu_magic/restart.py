@@ -19,15 +19,19 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import persist
 from .policy import Policy
 from .startup import KernelRef, current_kernel
 
 RESTART_ENV = "TFGPU_MAGIC_RESTART"
-REQUEST_DELAY = 0.2
-"""Seconds to wait before asking for the restart, so the cell's reply reaches the front end first."""
+REQUEST_DELAY = 0.05
+"""Seconds between the end of the cell and the restart request. The server interrupts the kernel
+before it shuts it down: that must not land in the cell (a KeyboardInterrupt), and the cell's reply
+should reach the front end first."""
+OUTSIDE_CELL_DELAY = 0.3
+"""The same, when the restart comes from a widget (a comm message, whose end has no event)."""
 HTTP_TIMEOUT = 3.0
 
 
@@ -117,16 +121,36 @@ def restart_and_apply(shell: Any, policy: Policy) -> str:
         return f"Not restarted: {route.reason}. The policy is stored; `%load_ext tfgpu_magic` applies it there."
     if route.kind == "server":
         assert route.server is not None
-        import threading
-
-        threading.Thread(target=_post_restart, args=(route.server, kernel.kernel_id), daemon=True).start()
+        server, kernel_id = route.server, kernel.kernel_id
+        after_this_request(shell, lambda delay: _request_restart(server, kernel_id, delay))
     else:
         shell.kernel.do_shutdown(True)
     return "Restarting the kernel; the policy will be in force in the new kernel before your next cell."
 
 
-def _post_restart(server: Server, kernel_id: str) -> None:
-    time.sleep(REQUEST_DELAY)
+def after_this_request(shell: Any, start: Callable[[float], None]) -> None:
+    """Call `start(delay)` once the cell being run has finished, or at once (with a longer delay)
+    when the request being handled is not a cell."""
+    header = (getattr(shell, "parent_header", None) or {}).get("header", {})
+    if header.get("msg_type") != "execute_request":
+        start(OUTSIDE_CELL_DELAY)
+        return
+
+    def once(*_: Any) -> None:
+        shell.events.unregister("post_execute", once)
+        start(REQUEST_DELAY)
+
+    shell.events.register("post_execute", once)  # fires for silent cells too, unlike post_run_cell
+
+
+def _request_restart(server: Server, kernel_id: str, delay: float) -> None:
+    import threading
+
+    threading.Thread(target=_post_restart, args=(server, kernel_id, delay), daemon=True).start()
+
+
+def _post_restart(server: Server, kernel_id: str, delay: float) -> None:
+    time.sleep(delay)
     try:
         server.request("POST", f"api/kernels/{kernel_id}/restart")
     except OSError as err:
