@@ -108,3 +108,32 @@ def test_entries_are_a_clean_prefix(tokens: list[str]) -> None:
     assert (parsed.stopped_at is None) == (len(parsed.entries) == len(tokens) or raw.strip() == "")
     again = parse_cuda_visible(",".join(parsed.entries))
     assert (again.entries, again.stopped_at) == (parsed.entries, None)
+
+
+@pytest.mark.parametrize(
+    "raw, line",
+    [
+        ("", "CUDA_VISIBLE_DEVICES='' hides every GPU"),
+        ("-1", "CUDA_VISIBLE_DEVICES='-1' hides every GPU (CUDA stops at '-1')"),
+        ("1,0", "CUDA_VISIBLE_DEVICES='1,0' → CUDA uses GPU 1, 0"),
+        ("0,-1,1", "CUDA_VISIBLE_DEVICES='0,-1,1' → CUDA uses GPU 0; CUDA stops at '-1' and ignores the rest"),
+    ],
+)
+def test_status_shows_cuda_visible_devices_resolved(raw: str, line: str) -> None:
+    """The status shows an inherited `CUDA_VISIBLE_DEVICES` the way CUDA will read it."""
+    from tfgpu_magic.inventory import Inventory
+    from tfgpu_magic.status import describe_cuda_visible
+
+    assert describe_cuda_visible(raw, Inventory(error="no NVML")) == [line]
+    assert describe_cuda_visible(None, Inventory(error="no NVML")) == []
+
+
+def test_status_checks_cuda_visible_devices_against_real_gpus() -> None:
+    """With an inventory, an index that does not exist is where CUDA stops."""
+    from tfgpu_magic.inventory import Gpu, Inventory
+    from tfgpu_magic.status import describe_cuda_visible
+
+    inventory = Inventory(gpus=(Gpu(0, "GPU-aaaa"), Gpu(1, "GPU-bbbb")))
+    assert describe_cuda_visible("1,5,0", inventory) == [
+        "CUDA_VISIBLE_DEVICES='1,5,0' → CUDA uses GPU 1; CUDA stops at '5' and ignores the rest"
+    ]

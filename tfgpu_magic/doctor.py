@@ -166,10 +166,7 @@ def _check_device_nodes(m: Machine) -> Check:
 
 def _check_cuda_visible(m: Machine) -> Check:
     raw = m.environ.get("CUDA_VISIBLE_DEVICES")
-    known = None
-    if m.inventory.available:
-        known = {g.ref for g in m.inventory.gpus} | {d.uuid for d in m.inventory.devices()}
-    parsed = parse_cuda_visible(raw, known)
+    parsed = parse_cuda_visible(raw, m.inventory.known_refs())
     if not parsed.restricts:
         return Check("CUDA_VISIBLE_DEVICES", OK, "not set: every GPU is visible")
     if parsed.hides_all:

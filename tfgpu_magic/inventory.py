@@ -81,6 +81,12 @@ class Inventory:
         candidates = ", ".join(d.uuid for d in matches)
         raise PolicyError(f"{ref} matches {len(matches)} devices ({candidates}); give more of the UUID")
 
+    def known_refs(self) -> set[str] | None:
+        """Every GPU index and GPU/MIG UUID, for `parse_cuda_visible`; None without an inventory."""
+        if not self.available:
+            return None
+        return {gpu.ref for gpu in self.gpus} | {device.uuid for device in self.devices()}
+
     def devices(self) -> list[Gpu | MigDevice]:
         return [d for gpu in self.gpus for d in (gpu, *gpu.mig_devices)]
 

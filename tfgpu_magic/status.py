@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .cudaenv import parse_cuda_visible
 from .plan import OUR_ENV
 from .policy import ALL_GPUS, Policy
 from .inventory import Inventory
@@ -72,7 +73,9 @@ def describe_status(controller: Controller) -> str:
     env = [f"{name}={controller.environ[name]}" for name in OUR_ENV if name in controller.environ]
     lines.append("Environment: " + (", ".join(env) if env else "none of CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, "
                                     "TF_GPU_ALLOCATOR, TF_FORCE_GPU_ALLOW_GROWTH set"))
-    lines += describe_gpus(controller.inventory())
+    inventory = controller.inventory()
+    lines += describe_cuda_visible(controller.environ.get("CUDA_VISIBLE_DEVICES"), inventory)
+    lines += describe_gpus(inventory)
     if state.imported:
         recorded = recorded_settings(controller.api)
         lines.append("TensorFlow recorded:" + ("" if recorded else " nothing yet (devices not listed)"))
@@ -82,6 +85,18 @@ def describe_status(controller: Controller) -> str:
         lines += [f"  - {item}" for item in items]
     lines += [f"Note: {note}" for note in controller.plan().notes]
     return "\n".join(lines)
+
+
+def describe_cuda_visible(raw: str | None, inventory: Inventory) -> list[str]:
+    """`CUDA_VISIBLE_DEVICES` resolved the way CUDA reads it (nothing when unset)."""
+    if raw is None:
+        return []
+    parsed = parse_cuda_visible(raw, inventory.known_refs())
+    if parsed.hides_all:
+        return [f"CUDA_VISIBLE_DEVICES={raw!r} hides every GPU" + (f" (CUDA stops at {parsed.stopped_at!r})"
+                                                                    if parsed.stopped_at else "")]
+    stop = f"; CUDA stops at {parsed.stopped_at!r} and ignores the rest" if parsed.stopped_at else ""
+    return [f"CUDA_VISIBLE_DEVICES={raw!r} → CUDA uses GPU {', '.join(parsed.entries)}{stop}"]
 
 
 def describe_gpus(inventory: Inventory) -> list[str]:
