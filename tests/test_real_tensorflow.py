@@ -102,6 +102,22 @@ def test_configure_does_not_import_tensorflow_until_the_script_does():
     assert result == {"before": [], "waiting": True, "armed": True, "after": True, "armed_after": False, "cpus": 2}
 
 
+def test_asking_whether_tensorflow_exists_keeps_the_hook_armed():
+    """`importlib.util.find_spec("tensorflow")` (libraries and the doctor do this) finds TF without
+    importing it: the hook stays armed and the later import still gets the policy."""
+    result, _ = run_script(f"""
+        import importlib.util
+        import tfgpu_magic
+        from tfgpu_magic import importhook
+        tfgpu_magic.configure("split cpu 2")
+        found = importlib.util.find_spec("tensorflow") is not None
+        armed = importhook.is_armed()
+        import tensorflow as tf
+        result = {{"found": found, "armed": armed, "cpus": {CPUS}}}
+    """)
+    assert result == {"found": True, "armed": True, "cpus": 2}
+
+
 # ----- configure() too late --------------------------------------------------------------------
 def test_configure_after_initialization_warns_with_script_advice():
     """Too late in a script: one warning naming the locked setting, advice that fits a script (no

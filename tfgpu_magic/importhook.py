@@ -19,7 +19,9 @@ TARGET = "tensorflow"
 class TensorFlowImportHook:
     """`sys.meta_path` finder that arms `callback` on the loader of the real `tensorflow` package.
 
-    A plain class with `find_spec` (no `importlib.abc` base, whose import costs `%load_ext` time)."""
+    Each spec it finds gets a wrapped loader, but the hook only removes itself when a loader really
+    runs, so asking whether TensorFlow exists (`importlib.util.find_spec`) leaves it armed. A plain
+    class with `find_spec` (no `importlib.abc` base, whose import costs `%load_ext` time)."""
 
     def __init__(self, callback: Callable[[], None]) -> None:
         self.callback = callback
@@ -27,11 +29,10 @@ class TensorFlowImportHook:
     def find_spec(self, fullname: str, path: object = None, target: ModuleType | None = None):  # noqa: ANN201
         if fullname != TARGET:
             return None
-        disarm()
         spec = None
         for finder in list(sys.meta_path):
             find = getattr(finder, "find_spec", None)
-            if find is not None:
+            if find is not None and not isinstance(finder, TensorFlowImportHook):
                 spec = find(fullname, path, target)
                 if spec is not None:
                     break
@@ -45,6 +46,7 @@ class TensorFlowImportHook:
         had_own = "exec_module" in vars(loader)
 
         def exec_module(module: ModuleType) -> None:
+            disarm()  # only now: a mere `importlib.util.find_spec("tensorflow")` keeps the hook armed
             try:
                 original(module)
             except BaseException:
