@@ -409,3 +409,9 @@ def test_magic_doctor_and_visible_auto(shell: InteractiveShell, capsys: pytest.C
         if previous is not None:
             shell.register_magics(previous)
     assert "tensorflow" not in sys.modules
+
+
+def test_wsl2_gpu_counts_as_a_device_node(tf_dirs) -> None:  # noqa: ANN001
+    """Under WSL2 the GPU arrives as /dev/dxg, not /dev/nvidiaN: that is not a missing GPU."""
+    checks = {c.name: c for c in doctor.run_checks(make_machine(tf_dirs, device_nodes=("/dev/dxg",)))}
+    assert checks["device nodes"].verdict == OK and "WSL2" in checks["device nodes"].detail

@@ -388,6 +388,12 @@ def test_percent_limit_respects_visible(catalog: InventoryCatalog) -> None:
     assert policy.limit_map == {"0": 40960}
 
 
+def test_percent_limit_spares_split_gpus(catalog: InventoryCatalog) -> None:
+    """`limit 50%` with GPU 1 split caps every other card, as `limit 4GB` on all GPUs would."""
+    policy = apply("limit 50%", catalog, apply("split 1 2x1GB", catalog))
+    assert policy.limit_map == {"0": 40960, "2": 40960, "3": 20480} and policy.split_map == {"1": (1024, 1024)}
+
+
 @pytest.mark.parametrize("refs", [",".join(MIG_UUIDS), f"{MIG_UUIDS[0][:8]},{MIG_UUIDS[1][:8]}"])
 def test_two_mig_instances_refused(catalog: InventoryCatalog, refs: str) -> None:
     """CUDA uses one MIG instance per process: asking for two is a PolicyError saying so."""

@@ -301,3 +301,16 @@ def test_fuzzed_line_is_a_policy_or_a_usage_error(make_magic, shell, line: str) 
             assert controller.policy == before_policy and environ == before_env
             return
     controller.policy.validate()
+
+
+@pytest.mark.parametrize(
+    "line, says",
+    [
+        ("kernelspec k --display-name --remove", "--display-name needs a value"),
+        ("kernelspec k --display-name T --remove", "makes no sense with --remove"),
+    ],
+)
+def test_kernelspec_option_mistakes(controller: Controller, tfgpu, line: str, says: str) -> None:  # noqa: ANN001
+    """An option where a value belongs, or two options that contradict, is a one-line UsageError."""
+    with pytest.raises(UsageError, match=says):
+        tfgpu(line)

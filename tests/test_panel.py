@@ -7,6 +7,7 @@ GPU rows come from a fake NVML (the inventory's one chokepoint) and TensorFlow's
 
 from __future__ import annotations
 
+import html
 import sys
 
 import pytest
@@ -88,10 +89,12 @@ def test_invalid_input_gives_the_magic_message_and_changes_nothing():
     panel.limits["0"].value = "2GB"
     before = ctl.policy
     panel.limits["0"].value = "lots"
-    assert "not a size: 'lots'" in panel.error.value
+    assert "not a size: 'lots'" in html.unescape(panel.error.value)
     assert ctl.policy == before and panel.limits["0"].value == "2GB"
     panel.splits["0"].value = "2x1GB"  # contradicts the limit on GPU 0
     assert "both a limit and a split" in panel.error.value and panel.splits["0"].value == ""
+    panel.limits["0"].value = "<b>2GB"
+    assert "&lt;b&gt;" in panel.error.value and "<b>" not in panel.error.value  # shown, never rendered
     panel.cpus.value = 2
     assert panel.error.value == ""
 

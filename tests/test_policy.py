@@ -183,7 +183,7 @@ def test_empty_policy_plans_nothing() -> None:
 
 def test_cpu_split_alone_sets_no_gpu_variables() -> None:
     plan = build_plan(policy_of("split cpu 3"))
-    assert plan.env == () and plan.cpu_devices == 3 and plan.has_logical_devices
+    assert plan.env == () and plan.cpu_devices == 3 and plan.has_tf_steps
 
 
 def test_growth_alone_uses_set_memory_growth() -> None:

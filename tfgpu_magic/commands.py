@@ -39,7 +39,7 @@ def run_line(magics: TFGPUMagics, line: str) -> None:
 
 
 def split_options(line: str) -> tuple[list[str], dict[str, Any]]:
-    """Words of the directive, and its `--options` (the magic's `@argument` declarations are the help).
+    """Words of the directive, and its `--options` (`OPTIONS`; the magic's docstring is the help).
 
     Parsed here rather than by argparse so that `-1GB` reaches the grammar (and gets its message),
     quotes and `#` comments behave as in a `%%tfgpu` cell, and every mistake is a `PolicyError`."""
@@ -54,7 +54,7 @@ def split_options(line: str) -> tuple[list[str], dict[str, Any]]:
             raise PolicyError(f"unknown option {name}; the options are {', '.join(OPTIONS)} (see %tfgpu?)")
         if OPTIONS[name][1]:
             value = value if has_value else next(remaining, "")
-            if not value:
+            if not value or value.startswith("--"):
                 raise PolicyError(f"{name} needs a value, e.g. {name} \"TensorFlow GPU 0\"")
             options[name] = value
         elif has_value:
@@ -71,6 +71,8 @@ def check_options(options: dict[str, Any], directive: Any) -> None:
         owner = OPTIONS[option][0]
         if name != owner:
             raise PolicyError(f"{option} only goes with `{owner}`")
+    if "--remove" in options and "--display-name" in options:
+        raise PolicyError("--display-name names a kernelspec to install; it makes no sense with --remove")
 
 
 # ----- actions: (magics, argument, options) -> text to print ---------------------------------------
@@ -83,7 +85,8 @@ def _apply(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> str
 
 
 def _export(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> str:
-    return export(magics.controller.policy, arg or "python").rstrip("\n")
+    controller = magics.controller
+    return export(controller.policy, arg or "python", controller.export_plan()).rstrip("\n")
 
 
 def _restart(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> str:
@@ -121,6 +124,21 @@ def _panel(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> str
     return ""
 
 
+def _setup_errors(action: Callable[[TFGPUMagics, str | None, dict[str, Any]], str]) -> Callable:
+    """Files that cannot be written and a missing jupyter_client become one-line errors."""
+
+    def guarded(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> str:
+        try:
+            return action(magics, arg, options)
+        except OSError as err:
+            raise PolicyError(f"{action.__name__.strip('_')}: {err}") from None
+        except ImportError as err:
+            raise PolicyError(f"{action.__name__.strip('_')} needs {err.name}: pip install {err.name}") from None
+
+    return guarded
+
+
+@_setup_errors
 def _default(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> str:
     path = persist.default_path(magics.profile_dir)
     if arg == "save":
@@ -135,10 +153,12 @@ def _default(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> s
     return f"Default policy ({path}): " + ("; ".join(describe_policy(found[0])) or "TensorFlow defaults")
 
 
+@_setup_errors
 def _autoload(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> str:
     return persist.set_autoload(magics.profile_dir, arg == "on")
 
 
+@_setup_errors
 def _kernelspec(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> str:
     from . import kernelspec
 

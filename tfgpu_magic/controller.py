@@ -6,6 +6,7 @@ controller returned by `get_controller()`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import sys
@@ -84,12 +85,24 @@ class Controller:
         With `probe` (about to apply; the `CUDA_*` variables are already set), or once CUDA started
         anyway, it asks TensorFlow whether a logical-device configuration is already recorded."""
         state = state or self.api.state()
-        recorded = (state.devices_listed or (probe and state.imported)) and any_logical_recorded(self.api)
+        may_look = state.devices_listed or (probe and state.imported and self.policy.growth is True)
+        recorded = may_look and any_logical_recorded(self.api)  # only growth's route depends on it
         inherited = self.environ.get("CUDA_VISIBLE_DEVICES") if state.devices_listed else self._inherited_cvd()
-        uuids = [ref for ref in gpu_refs(self.policy) if not is_index(ref)]
-        aliases = self.catalog.uuid_to_index() if uuids else None
-        return build_plan(self.policy, inherited, cuda_started=state.devices_listed, aliases=aliases,
+        return build_plan(self.policy, inherited, cuda_started=state.devices_listed, aliases=self._aliases(),
                           logical_recorded=recorded)
+
+    def _aliases(self) -> dict[str, str] | None:
+        """UUID → index from the inventory, read only when the policy names a GPU by UUID."""
+        return self.catalog.uuid_to_index() if any(not is_index(ref) for ref in gpu_refs(self.policy)) else None
+
+    def export_plan(self) -> Plan:
+        """The plan for a fresh process with this machine's GPUs and inherited `CUDA_VISIBLE_DEVICES`
+        (made explicit, since GPU indices depend on it): what `%tfgpu export` writes out."""
+        inherited = self._inherited_cvd()
+        plan = build_plan(self.policy, inherited, aliases=self._aliases())
+        if inherited is not None and "CUDA_VISIBLE_DEVICES" not in plan.env_map:
+            plan = dataclasses.replace(plan, env=(*plan.env, ("CUDA_VISIBLE_DEVICES", inherited)))
+        return plan
 
     def apply(self) -> ApplyReport:
         """Apply the policy now as far as TensorFlow allows; arm the import hook if TF is not loaded."""

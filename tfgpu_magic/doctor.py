@@ -68,7 +68,7 @@ def inspect_machine(environ: Mapping[str, str], inventory: Inventory, policy: Po
         api=api,
         tf_dir=tf_dir,
         tf_distribution=_tf_distribution(),
-        device_nodes=tuple(sorted(str(p) for p in Path("/dev").glob("nvidia*"))),
+        device_nodes=tuple(sorted(str(p) for p in [*Path("/dev").glob("nvidia*"), *Path("/dev").glob("dxg")])),
         python=sys.executable,
         path_python=path_python,
         path_python_has_tf=_has_tensorflow(path_python) if path_python else None,
@@ -159,6 +159,8 @@ def _check_nvml(m: Machine) -> Check:
 def _check_device_nodes(m: Machine) -> Check:
     if any(node.rstrip("0123456789").endswith("/dev/nvidia") and node[-1].isdigit() for node in m.device_nodes):
         return Check("device nodes", OK, ", ".join(m.device_nodes))
+    if "/dev/dxg" in m.device_nodes:
+        return Check("device nodes", OK, "/dev/dxg: a GPU passed through by WSL2")
     return Check("device nodes", FAIL, "no /dev/nvidia0, /dev/nvidia1, ... in this machine or container",
                  "no GPU is attached here; in Docker start with --gpus all (NVIDIA Container Toolkit), in Kubernetes "
                  "request nvidia.com/gpu")

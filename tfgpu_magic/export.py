@@ -12,11 +12,12 @@ from .policy import Policy
 HEADER = "# GPU policy exported by tfgpu_magic; run it before anything else touches TensorFlow."
 
 
-def export(policy: Policy, fmt: str = "python") -> str:
-    """The policy in `fmt` (python, env or json), ready to paste."""
+def export(policy: Policy, fmt: str = "python", plan: Plan | None = None) -> str:
+    """The policy in `fmt` (python, env or json), ready to paste. `plan` (default: the policy's
+    plan for a fresh process) is what python and env follow; see `Controller.export_plan`."""
     if fmt == "json":
         return json.dumps(policy.to_dict(), indent=2)
-    plan = build_plan(policy)
+    plan = plan or build_plan(policy)
     if fmt == "python":
         return to_python(plan)
     if fmt == "env":

@@ -143,7 +143,7 @@ def _limit(args: list[str], catalog: GpuCatalog | None) -> Callable[[Policy], Po
         return lambda policy: _limit_off(policy, gpus)
     size = parse_size(args[0])
     if gpus is None and _is_percent(size):  # every visible card, each by its own total
-        return lambda policy: policy.replace(limits=sort_gpu_items(_per_gpu_mib(size, catalog, policy.visible)))
+        return lambda policy: policy.replace(limits=sort_gpu_items(_percent_of_unsplit(size, catalog, policy)))
     if gpus is None:
         return lambda policy: policy.replace(limits=((ALL_GPUS, int(size)),))
     entries = _per_gpu_mib(size, catalog, gpus)
@@ -293,6 +293,15 @@ def parse_size(text: str) -> float:
 
 def _is_percent(size: float) -> bool:
     return isinstance(size, Percent)
+
+
+def _percent_of_unsplit(size: float, catalog: GpuCatalog | None, policy: Policy) -> list[tuple[str, int]]:
+    """`limit NN%` without GPUs: each visible card that has no split of its own, by its own total
+    (a limit on all GPUs spares split ones the same way)."""
+    cards = policy.visible if policy.visible is not None else (tuple(catalog.refs()) if catalog else None)
+    if cards is not None:
+        cards = tuple(gpu for gpu in cards if gpu not in policy.split_map)
+    return _per_gpu_mib(size, catalog, cards)
 
 
 def _per_gpu_mib(size: float, catalog: GpuCatalog | None, gpus: tuple[str, ...] | None) -> list[tuple[str, int]]:

@@ -148,8 +148,8 @@ class Panel:
     def _gpu_box(self) -> Any:
         w = self.w
         if not self.rows:
-            return w.HTML(f"<i>{self.no_gpu_reason}</i>")
-        lines = [w.HBox([w.HTML(f"<b>GPU {row.ref}</b> {row.name}", layout=w.Layout(width="220px")),
+            return w.HTML(f"<i>{html.escape(self.no_gpu_reason)}</i>")
+        lines = [w.HBox([w.HTML(f"<b>GPU {row.ref}</b> {html.escape(row.name)}", layout=w.Layout(width="220px")),
                          self.bars[row.ref], self.visible[row.ref],
                          w.HTML("limit", layout=w.Layout(width="32px")), self.limits[row.ref],
                          w.HTML("split", layout=w.Layout(width="32px")), self.splits[row.ref]])
@@ -170,7 +170,9 @@ class Panel:
         self.restart_button.on_click(lambda _: self._ask_restart(True))
         self.cancel_button.on_click(lambda _: self._ask_restart(False))
         self.confirm_button.on_click(lambda _: self._do_restart())
-        self.export_button.on_click(lambda _: self._show(export(self.controller.policy)))
+        self.export_button.on_click(
+            lambda _: self._show(export(self.controller.policy, plan=self.controller.export_plan()))
+        )
         self.reset_button.on_click(lambda _: self._edit("reset"))
         self.live.observe(lambda c: self.set_live(c["new"]), "value")
 
@@ -199,7 +201,7 @@ class Panel:
         try:
             report = self.controller.edit([self.controller.parse(directive)])
         except PolicyError as err:
-            self.error.value = f"<span style='color:var(--jp-error-color1, #d32f2f)'>{err}</span>"
+            self.error.value = f"<span style='color:var(--jp-error-color1, #d32f2f)'>{html.escape(str(err))}</span>"
             self.sync()
             return
         self.error.value = ""

@@ -58,8 +58,10 @@ class Plan:
         return own[index] if index in own else self.default_config
 
     @property
-    def has_logical_devices(self) -> bool:
-        return bool(self.gpu_configs) or self.cpu_devices is not None
+    def has_tf_steps(self) -> bool:
+        """Whether anything goes through `tf.config` (else only the environment matters)."""
+        return bool(self.gpu_configs) or self.cpu_devices is not None or self.growth is not None \
+            or self.visible_gpus is not None
 
 
 def gpu_refs(policy: Policy) -> list[str]:

@@ -239,6 +239,8 @@ def apply_plan(plan: Plan, api: ConfigAPI | None = None) -> ApplyReport:
     """
     api = api or TensorFlowConfig()
     report = ApplyReport(state=api.state())
+    if not plan.has_tf_steps and not report.state.devices_listed:
+        return report  # nothing for tf.config, and listing devices would start CUDA for nothing
     changes, report.notes = pending_changes(plan, api)
     for change in changes:
         if report.state.initialized:
@@ -289,8 +291,8 @@ def session_config(plan: Plan, api: TensorFlowConfig | None = None) -> Any:
     gpus = api.devices("GPU")
     if plan.visible_gpus is not None:
         config.gpu_options.visible_device_list = ",".join(str(i) for i in plan.visible_gpus)
-    if plan.gpu_configs:
-        for index in range(len(gpus)):
+    if plan.gpu_configs:  # one entry per visible GPU, in visible_device_list's order (TF requires it)
+        for index in plan.visible_gpus if plan.visible_gpus is not None else range(len(gpus)):
             virtual = config.gpu_options.experimental.virtual_devices.add()
             virtual.memory_limit_mb.extend(float(mib) for mib in plan.config_for(index) or ())
     if plan.growth is not None:
