@@ -487,14 +487,14 @@ def test_controller_index_visible_uuid_limit(controller: Controller) -> None:
 
 # ----- status -----------------------------------------------------------------------------------
 def test_status_lists_live_memory(inventory: Inventory) -> None:
-    """One line per GPU (memory, busy, UUID), its MIG instances and its processes, this kernel marked."""
+    """One line per GPU (memory, busy, UUID, PCI bus), its MIG instances and its processes, this kernel marked."""
     lines = describe_gpus(inventory)
     assert lines[0] == "GPUs (NVML, driver 550.54.15, nvidia-smi numbering):"
     gpu_lines = [line for line in lines if line.startswith("  ") and not line.startswith("       ")]
     assert [line.split()[0] for line in gpu_lines] == ["0", "1", "2", "3"]
     for line, fragment, uuid in zip(gpu_lines, ["20480 / 81920 MiB used, 50% busy", "1024 / 81920 MiB used, 30% busy",
                                                 "1024 / 81920 MiB used, 10% busy", "0 / 40960 MiB used  "], UUIDS):
-        assert fragment in line and line.endswith(uuid)
+        assert fragment in line and f"  {uuid}  bus 00000000:" in line
     assert f"       pid {ME}: 1024 MiB (this kernel)" in lines
     assert f"       pid {OTHER_PID}: 19456 MiB" in lines
     assert lines[-2:] == [f"       MIG {MIG_UUIDS[0]}  19968 MiB", f"       MIG {MIG_UUIDS[1]}  9856 MiB"]
@@ -505,7 +505,7 @@ def test_status_unknown_fields_show_question_marks() -> None:
     gpus = [FakeGpu(UUIDS[0], processes=[(ME, None)])]
     fake = FakeNvml(gpus, fail={"nvmlDeviceGetMemoryInfo": 3, "nvmlDeviceGetUtilizationRates": 3})
     lines = describe_gpus(read(fake))
-    assert lines[1] == f"  0  NVIDIA A100-SXM4-80GB  ? / ? MiB used  {UUIDS[0]}"
+    assert lines[1].startswith(f"  0  NVIDIA A100-SXM4-80GB  ? / ? MiB used  {UUIDS[0]}")
     assert lines[2] == f"       pid {ME}: ? MiB (this kernel)"
 
 

@@ -54,11 +54,8 @@ def panel() -> Any:
     from IPython import get_ipython
 
     from .panel import show_panel
-    from .restart import restart_and_apply
 
-    shell = get_ipython()
-    controller = get_controller()
-    return show_panel(controller, shell, lambda: restart_and_apply(shell, controller.policy))
+    return show_panel(get_controller(), get_ipython())
 
 
 def load_ipython_extension(shell: Any) -> None:

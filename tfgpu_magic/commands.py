@@ -93,8 +93,12 @@ def _restart(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> s
     from .restart import restart_and_apply
 
     shell, controller = magics.shell, magics.controller
-    if options.get("--yes") or getattr(shell, "kernel", None) is None:
+
+    def restart() -> str:
         return restart_and_apply(shell, controller.policy)
+
+    if options.get("--yes") or getattr(shell, "kernel", None) is None:
+        return restart()
     pending = [f"  - {item}" for _, items in pending_groups(controller) for item in items]
     print("\n".join(
         ["Restarting loses every variable of this kernel." + (" Changes it applies:" if pending else "")]
@@ -103,7 +107,7 @@ def _restart(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> s
     ))
     from .confirm import show_restart_button
 
-    show_restart_button(lambda: restart_and_apply(shell, controller.policy))
+    show_restart_button(restart)
     return ""
 
 
@@ -118,9 +122,8 @@ def _panel(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> str
     if getattr(shell, "kernel", None) is None:
         return "The panel needs a notebook front end (JupyterLab, Notebook 7, VS Code); here use %tfgpu directives."
     from .panel import show_panel
-    from .restart import restart_and_apply
 
-    show_panel(controller, shell, lambda: restart_and_apply(shell, controller.policy))
+    show_panel(controller, shell)
     return ""
 
 
@@ -147,10 +150,10 @@ def _default(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> s
     if arg == "clear":
         path.unlink(missing_ok=True)
         return f"No default policy any more ({path} removed)."
-    found = persist.read_policy(path)
-    if found is None:
+    saved = persist.read_policy(path)
+    if saved is None:
         return f"No default policy saved ({path})."
-    return f"Default policy ({path}): " + ("; ".join(describe_policy(found[0])) or "TensorFlow defaults")
+    return f"Default policy ({path}): " + ("; ".join(describe_policy(saved)) or "TensorFlow defaults")
 
 
 @_setup_errors

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-from .policy import is_index
+from .policy import is_index, is_uuid
 
-_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z/-]+$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -38,7 +36,7 @@ def parse_cuda_visible(raw: str | None, known: set[str] | None = None) -> CudaVi
         if not token and not entries and raw.strip() == "":
             break
         entry = str(int(token)) if is_index(token) else token
-        valid = is_index(token) or bool(_UUID.match(token))
+        valid = is_index(token) or is_uuid(token)
         if valid and known is not None:
             valid = entry in known or (not is_index(token) and any(k.startswith(token) for k in known))
         if not valid or entry in entries:

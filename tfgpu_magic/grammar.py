@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 from .errors import PolicyError
-from .policy import ALL_GPUS, ALLOCATORS, MAX_GPU_INDEX, MAX_MIB, MAX_VIRTUAL_DEVICES, Policy, is_index, sort_gpu_items
+from .policy import ALL_GPUS, ALLOCATORS, MAX_GPU_INDEX, MAX_MIB, MAX_VIRTUAL_DEVICES, Policy, is_index, is_uuid, sort_gpu_items
 
 ACTIONS = ("status", "apply", "export", "restart", "doctor", "panel", "default", "autoload", "kernelspec")
 CHOICES = {"export": ("python", "env", "json"), "default": ("save", "clear", "show"), "autoload": ("on", "off")}
@@ -17,7 +17,6 @@ EDITS = ("growth", "limit", "visible", "split", "allocator", "reset")
 
 _SIZE = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)\s*(mib|mb|gib|gb|g|%)?$", re.IGNORECASE)
 _UNIT_MIB = {None: 1, "mib": 1, "mb": 1, "gib": 1024, "gb": 1024, "g": 1024}
-_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z][0-9A-Za-z/-]*$", re.IGNORECASE)
 _SPLIT_COUNT = re.compile(r"^(\d+)\s*[xX×]\s*(.+)$")
 
 
@@ -55,7 +54,7 @@ class Edit:
 
 @dataclass(frozen=True)
 class Action:
-    """Something to do rather than a policy change: status, apply, export, restart."""
+    """Something to do rather than a policy change: one of `ACTIONS`, with its argument if any."""
 
     name: str
     arg: str | None = None
@@ -385,7 +384,7 @@ def parse_gpu(text: str, catalog: GpuCatalog | None = None) -> str:
         if int(item) > MAX_GPU_INDEX:
             raise PolicyError(f"GPU index {item} is out of range (0 to {MAX_GPU_INDEX})")
         ref = str(int(item))
-    elif _UUID.match(item):
+    elif is_uuid(item):
         ref = canonical_uuid(item)
     else:
         raise PolicyError(f"not a GPU: {text!r}; use an index (0), a range (0-3) or a UUID (GPU-8932f937)")

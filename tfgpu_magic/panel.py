@@ -306,12 +306,14 @@ def refresh_open_panels(*_: Any) -> None:
         panel.sync()
 
 
-def show_panel(controller: Controller | None = None, shell: Any = None,
-               restart: Callable[[], str] | None = None) -> Panel:
-    """Build and display a panel; keeps open panels in sync with TF's state after each cell."""
+def show_panel(controller: Controller, shell: Any) -> Panel:
+    """Build and display a panel whose restart button restarts `shell`'s kernel; keeps open panels
+    in sync with TF's state after each cell."""
     from IPython.display import display
 
-    panel = Panel(controller, shell, restart)
+    from .restart import restart_and_apply
+
+    panel = Panel(controller, shell, lambda: restart_and_apply(shell, controller.policy))
     _open_panels.append(panel)
     if shell is not None and len(_open_panels) == 1:
         shell.events.register("post_run_cell", refresh_open_panels)

@@ -55,8 +55,8 @@ def write_policy(path: Path, policy: Policy, **extra: Any) -> None:
         raise
 
 
-def read_policy(path: Path) -> tuple[Policy, dict[str, Any]] | None:
-    """The policy stored at `path` and the file's other fields; None when there is no file.
+def read_policy(path: Path) -> Policy | None:
+    """The policy stored at `path`; None when there is no file.
 
     A file that is there but unusable (corrupt, foreign, another user's, unreadable) is a one-line
     `PolicyError` for the caller to show as a warning; the file itself is left as it is."""
@@ -74,7 +74,7 @@ def read_policy(path: Path) -> tuple[Policy, dict[str, Any]] | None:
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise PolicyError("not a tfgpu_magic policy file")
-        return Policy.from_dict(data.get("policy")), data
+        return Policy.from_dict(data.get("policy"))
     except (OSError, ValueError) as err:  # PolicyError and JSONDecodeError are ValueErrors
         raise PolicyError(f"unusable policy file {path}: {err}") from None
 
@@ -97,14 +97,14 @@ def take_pending(kernel_id: str, directory: Path | None = None) -> Policy | None
     directory = directory or runtime_dir()
     clean_stale(directory)
     path = pending_path(kernel_id, directory)
-    found = read_policy(path)
-    if found is None:
+    policy = read_policy(path)
+    if policy is None:
         return None
     try:
         path.unlink()
     except OSError as err:
         warn(f"could not remove {path}: {err}")
-    return found[0]
+    return policy
 
 
 def clean_stale(directory: Path, max_age: float = STALE_SECONDS) -> None:

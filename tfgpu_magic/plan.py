@@ -161,11 +161,10 @@ def build_plan(
             notes.append("with the async allocator (cuda_malloc_async) a memory limit is soft, not a hard cap")
         if policy.growth is not None:
             notes.append("with the async allocator memory growth is moot: it allocates on demand")
-    if unresolved:
-        notes.append(
-            f"GPU {', '.join(unresolved)}: no TensorFlow index is known for it here "
-            "(a UUID needs the GPU inventory, or list it in `visible`)"
-        )
+    for ref in unresolved:
+        why = ("it is not among the GPUs CUDA will use" if is_index(aliases.get(ref, ref) if aliases else ref)
+               else "a UUID needs the GPU inventory (or list it in `visible`)")
+        notes.append(f"GPU {ref}: no TensorFlow index is known for it here: {why}")
     return Plan(
         env=tuple(env.items()),
         growth=growth,

@@ -22,7 +22,7 @@ MAX_VIRTUAL_DEVICES = 64
 """Most logical devices one physical device may be split into."""
 
 MAX_GPU_INDEX = 255
-_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z][0-9A-Za-z/-]*$")
+_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z][0-9A-Za-z/-]*$", re.IGNORECASE)
 
 
 def is_index(text: str) -> bool:
@@ -30,11 +30,16 @@ def is_index(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
+def is_uuid(text: str) -> bool:
+    """True for a GPU or MIG UUID, or a prefix of one (`GPU-8932f937`), in any case."""
+    return bool(_UUID.match(text))
+
+
 def check_gpu_ref(ref: str) -> None:
     """`PolicyError` unless `ref` is a canonical GPU reference: an index or a GPU/MIG UUID."""
     if is_index(ref) and int(ref) <= MAX_GPU_INDEX and ref == str(int(ref)):
         return
-    if _UUID.match(ref):
+    if is_uuid(ref):
         return
     raise PolicyError(f"not a GPU reference: {ref!r}; expected an index (0) or a UUID (GPU-8932f937)")
 
@@ -96,7 +101,14 @@ class Policy:
             raise PolicyError(f"split cpu: COUNT must be 1 to {MAX_VIRTUAL_DEVICES}, got {self.cpu_devices}")
         if self.allocator is not None and self.allocator not in ALLOCATORS:
             raise PolicyError(f"allocator: expected one of {', '.join(ALLOCATORS)}, got {self.allocator!r}")
+        self._check_no_repeats()
         self._check_targets_visible()
+
+    def _check_no_repeats(self) -> None:
+        if self.visible is not None:
+            for gpu in self.visible:
+                if self.visible.count(gpu) > 1:
+                    raise PolicyError(f"GPU {gpu} is listed twice in `visible`")
 
     def _check_targets_visible(self) -> None:
         if self.visible is None:

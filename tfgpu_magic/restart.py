@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from . import persist
 from .policy import Policy
-from .startup import KernelRef, current_kernel
+from .startup import current_kernel_id
 
 RESTART_ENV = "TFGPU_MAGIC_RESTART"
 REQUEST_DELAY = 0.05
@@ -90,11 +90,11 @@ def find_server(kernel_id: str, runtime_dir: Path | None = None) -> Server | Non
     return None
 
 
-def choose_route(kernel: KernelRef | None) -> Route:
+def choose_route(kernel_id: str | None) -> Route:
     """The restart route for this kernel (see the module docstring)."""
-    if kernel is None:
+    if kernel_id is None:
         return Route("none", "this is not a Jupyter kernel (terminal IPython): restart IPython yourself")
-    server = find_server(kernel.kernel_id)
+    server = find_server(kernel_id)
     if server is not None:
         return Route("server", "the Jupyter server that owns this kernel restarts it", server)
     if os.environ.get(RESTART_ENV) == "exit":
@@ -108,20 +108,20 @@ def choose_route(kernel: KernelRef | None) -> Route:
 
 def restart_and_apply(shell: Any, policy: Policy) -> str:
     """Store `policy` for this kernel, restart it if something will bring it back, and say what happened."""
-    kernel = current_kernel(shell)
-    route = choose_route(kernel)
-    if kernel is None:
+    kernel_id = current_kernel_id(shell)
+    route = choose_route(kernel_id)
+    if kernel_id is None:
         return f"Not restarted: {route.reason}. `%tfgpu export` gives the policy as code."
     try:
         persist.set_pending_startup(shell.profile_dir.location)
-        persist.store_pending(kernel.kernel_id, policy)
+        persist.store_pending(kernel_id, policy)
     except OSError as err:
         return f"Not restarted: could not store the policy for the new kernel: {err}"
     if route.kind == "none":
         return f"Not restarted: {route.reason}. The policy is stored; `%load_ext tfgpu_magic` applies it there."
     if route.kind == "server":
         assert route.server is not None
-        server, kernel_id = route.server, kernel.kernel_id
+        server = route.server
         after_this_request(shell, lambda delay: _request_restart(server, kernel_id, delay))
     else:
         shell.kernel.do_shutdown(True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import persist
 from .errors import PolicyError
@@ -24,15 +24,8 @@ POLICY_ENV = "TFGPU_MAGIC_POLICY"
 """Environment variable through which a tfgpu kernelspec hands its policy to the kernel."""
 
 
-class KernelRef(NamedTuple):
-    """This kernel as Jupyter knows it."""
-
-    kernel_id: str
-    connection_file: str
-
-
-def current_kernel(shell: Any) -> KernelRef | None:
-    """This kernel's id and connection file, None outside an ipykernel kernel."""
+def current_kernel_id(shell: Any) -> str | None:
+    """This kernel's id (from its connection file's name `kernel-<id>.json`), None outside a kernel."""
     if getattr(shell, "kernel", None) is None:
         return None
     try:
@@ -44,14 +37,14 @@ def current_kernel(shell: Any) -> KernelRef | None:
     name = Path(connection_file).name
     if not (name.startswith("kernel-") and name.endswith(".json")):
         return None
-    return KernelRef(name[len("kernel-") : -len(".json")], connection_file)
+    return name[len("kernel-") : -len(".json")]
 
 
 def load_if_pending(shell: Any) -> None:
     """Run from the profile's startup file (see `persist.set_pending_startup`): load the extension in
     a kernel that a `%tfgpu restart` left a pending policy for, before any cell runs."""
-    kernel = current_kernel(shell)
-    if kernel is not None and persist.pending_path(kernel.kernel_id).exists():
+    kernel_id = current_kernel_id(shell)
+    if kernel_id is not None and persist.pending_path(kernel_id).exists():
         shell.run_line_magic("load_ext", "tfgpu_magic")
 
 
@@ -75,8 +68,8 @@ def startup_policy(
 ) -> tuple[Policy | None, list[str]]:
     """The policy this kernel starts with (None: no source), and one-line warnings."""
     default_file = persist.default_path(profile_dir)
-    kernel = current_kernel(shell)
-    pending_file = persist.pending_path(kernel.kernel_id) if kernel else None
+    kernel_id = current_kernel_id(shell)
+    pending_file = persist.pending_path(kernel_id) if kernel_id else None
     if not (configured or default_file.exists() or os.environ.get(POLICY_ENV) or (pending_file and pending_file.exists())):
         return None, []
 
@@ -97,10 +90,10 @@ def startup_policy(
 
     if configured:
         attempt("configured default_policy", lambda: controller_factory().edit_policy(configured, Policy()))
-    attempt("saved default", lambda: _policy_of(persist.read_policy(default_file)))
+    attempt("saved default", lambda: persist.read_policy(default_file))
     attempt("policy of this kernelspec", lambda: policy_from_env(os.environ))
-    if kernel is not None:
-        attempt("pending policy", lambda: persist.take_pending(kernel.kernel_id))
+    if kernel_id is not None:
+        attempt("pending policy", lambda: persist.take_pending(kernel_id))
     return policy, warnings
 
 
@@ -117,7 +110,3 @@ def policy_from_env(environ: Any) -> Policy | None:
         return Policy.from_dict(json.loads(raw))
     except json.JSONDecodeError as err:
         raise PolicyError(f"{POLICY_ENV} is not valid JSON: {err}") from None
-
-
-def _policy_of(found: tuple[Policy, dict] | None) -> Policy | None:
-    return None if found is None else found[0]

@@ -71,8 +71,7 @@ def describe_status(controller: Controller) -> str:
     policy = describe_policy(controller.policy)
     lines.append("Policy: " + ("; ".join(policy) if policy else "none (TensorFlow defaults)"))
     env = [f"{name}={controller.environ[name]}" for name in OUR_ENV if name in controller.environ]
-    lines.append("Environment: " + (", ".join(env) if env else "none of CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, "
-                                    "TF_GPU_ALLOCATOR, TF_FORCE_GPU_ALLOW_GROWTH set"))
+    lines.append("Environment: " + (", ".join(env) if env else f"none of {', '.join(OUR_ENV)} set"))
     inventory = controller.inventory()
     lines += describe_cuda_visible(controller.environ.get("CUDA_VISIBLE_DEVICES"), inventory)
     lines += describe_gpus(inventory)
@@ -110,7 +109,7 @@ def describe_gpus(inventory: Inventory) -> list[str]:
         busy = "" if gpu.utilization_pct is None else f", {gpu.utilization_pct}% busy"
         lines.append(
             f"  {gpu.index}  {gpu.name}  {_mib(gpu.memory_used_mib)} / {_mib(gpu.memory_total_mib)} MiB used"
-            f"{busy}  {gpu.uuid}"
+            f"{busy}  {gpu.uuid}" + (f"  bus {gpu.pci_bus_id}" if gpu.pci_bus_id else "")
         )
         for mig in gpu.mig_devices:
             lines.append(f"       MIG {mig.uuid}  {_mib(mig.memory_total_mib)} MiB")
