@@ -512,3 +512,17 @@ def test_status_unknown_fields_show_question_marks() -> None:
 def test_status_without_gpus() -> None:
     """NVML working but listing no GPU says so."""
     assert describe_gpus(read(FakeNvml([]))) == ["GPUs: NVML sees none"]
+
+
+def test_same_card_by_uuid_and_by_index_is_one_card(catalog: InventoryCatalog) -> None:
+    """A split of GPU 0 and a limit on GPU 0's UUID contradict; a limit on GPU 0 while `visible`
+    names only GPU 2 by UUID is a limit on a hidden card. Both are refused and change nothing."""
+    ctl = Controller(environ={}, catalog=catalog)
+    uuid0, uuid2 = (gpu.uuid for gpu in catalog.inventory.gpus if gpu.index in (0, 2))
+    ctl.edit([ctl.parse("split 0 2x1GB")])
+    before = ctl.policy
+    with pytest.raises(PolicyError, match="both a limit and a split"):
+        ctl.edit([ctl.parse(f"limit 3GB {uuid0}")])
+    with pytest.raises(PolicyError, match="is not visible"):
+        ctl.edit([ctl.parse(f"visible {uuid2}")])
+    assert ctl.policy == before

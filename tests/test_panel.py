@@ -200,3 +200,17 @@ def test_panel_in_terminal_ipython_needs_a_notebook(capsys):
         if previous is not None:
             shell.register_magics(previous)
     assert "needs a notebook front end" in capsys.readouterr().out
+
+
+def test_policies_naming_gpus_by_uuid_show_on_their_rows():
+    """`visible auto:2` pins UUIDs; a limit by UUID and an all-GPU limit show on the right rows,
+    and a split GPU does not show the all-GPU limit (it does not apply there)."""
+    panel, ctl = make_panel()
+    uuids = {gpu.ref: gpu.uuid for gpu in ctl.inventory().gpus}
+    ctl.edit([ctl.parse("visible auto:2")])
+    picked = {ref for ref, uuid in uuids.items() if uuid in ctl.policy.visible}
+    assert {ref for ref, box in panel.visible.items() if box.value} == picked and len(picked) == 2
+    ctl.edit([ctl.parse("visible all"), ctl.parse("limit 1GB"), ctl.parse(f"limit 3GB {uuids['2']}"),
+              ctl.parse("split 1 2x1GB")])
+    assert panel.limits["2"].value == "3GB" and panel.limits["0"].value == "1GB"
+    assert panel.limits["1"].value == "" and panel.splits["1"].value == "2x1GB"

@@ -71,7 +71,7 @@ class Controller:
 
     def set_policy(self, policy: Policy) -> ApplyReport:
         """Replace the desired policy (validated first) and apply it as far as TensorFlow allows."""
-        policy.validate()
+        policy.validate(self._aliases(policy))
         self.policy = policy
         report = self.apply()
         for listener in list(self.listeners):
@@ -88,18 +88,18 @@ class Controller:
         may_look = state.devices_listed or (probe and state.imported and self.policy.growth is True)
         recorded = may_look and any_logical_recorded(self.api)  # only growth's route depends on it
         inherited = self.environ.get("CUDA_VISIBLE_DEVICES") if state.devices_listed else self._inherited_cvd()
-        return build_plan(self.policy, inherited, cuda_started=state.devices_listed, aliases=self._aliases(),
+        return build_plan(self.policy, inherited, cuda_started=state.devices_listed, aliases=self._aliases(self.policy),
                           logical_recorded=recorded)
 
-    def _aliases(self) -> dict[str, str] | None:
-        """UUID → index from the inventory, read only when the policy names a GPU by UUID."""
-        return self.catalog.uuid_to_index() if any(not is_index(ref) for ref in gpu_refs(self.policy)) else None
+    def _aliases(self, policy: Policy) -> dict[str, str] | None:
+        """UUID → index from the inventory, read only when `policy` names a GPU by UUID."""
+        return self.catalog.uuid_to_index() if any(not is_index(ref) for ref in gpu_refs(policy)) else None
 
     def export_plan(self) -> Plan:
         """The plan for a fresh process with this machine's GPUs and inherited `CUDA_VISIBLE_DEVICES`
         (made explicit, since GPU indices depend on it): what `%tfgpu export` writes out."""
         inherited = self._inherited_cvd()
-        plan = build_plan(self.policy, inherited, aliases=self._aliases())
+        plan = build_plan(self.policy, inherited, aliases=self._aliases(self.policy))
         if inherited is not None and "CUDA_VISIBLE_DEVICES" not in plan.env_map:
             plan = dataclasses.replace(plan, env=(*plan.env, ("CUDA_VISIBLE_DEVICES", inherited)))
         return plan

@@ -76,15 +76,19 @@ def _size_text(mib: int) -> str:
     return f"{mib // 1024}GB" if mib % 1024 == 0 else f"{mib}MB"
 
 
-def limit_text(policy: Policy, ref: str) -> str:
-    """The limit of GPU `ref` as the grammar writes it ('' for none)."""
-    mib = policy.limit_map.get(ref)
+def by_index(items: tuple[tuple[str, Any], ...], aliases: dict[str, str]) -> dict[str, Any]:
+    """Per-GPU policy entries keyed by nvidia-smi index (entries given by UUID mapped through
+    `aliases`), as the panel's rows are."""
+    return {aliases.get(gpu, gpu): value for gpu, value in items}
+
+
+def limit_text(mib: int | None) -> str:
+    """A limit as the grammar writes it ('' for none)."""
     return "" if mib is None else _size_text(mib)
 
 
-def split_text(policy: Policy, ref: str) -> str:
-    """The split of GPU `ref` as the grammar writes it ('' for none)."""
-    sizes = policy.split_map.get(ref)
+def split_text(sizes: tuple[int, ...] | None) -> str:
+    """A split as the grammar writes it ('' for none)."""
     if not sizes:
         return ""
     if len(set(sizes)) == 1:
@@ -235,10 +239,14 @@ class Panel:
             self.growth.value = "default" if policy.growth is None else ("on" if policy.growth else "off")
             self.allocator.value = policy.allocator or "default"
             self.cpus.value = policy.cpu_devices or 0
+            aliases = self.controller.catalog.uuid_to_index()
+            visible = None if policy.visible is None else {aliases.get(gpu, gpu) for gpu in policy.visible}
+            limits, splits = by_index(policy.limits, aliases), by_index(policy.splits, aliases)
             for ref, box in self.visible.items():
-                box.value = policy.visible is None or ref in policy.visible
-                self.limits[ref].value = limit_text(policy, ref) or limit_text(policy, ALL_GPUS)
-                self.splits[ref].value = split_text(policy, ref)
+                box.value = visible is None or ref in visible
+                own_or_all = limits.get(ref, None if ref in splits else limits.get(ALL_GPUS))
+                self.limits[ref].value = limit_text(own_or_all)
+                self.splits[ref].value = split_text(splits.get(ref))
         finally:
             self._syncing = False
         locked = state.initialized

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .errors import PolicyError
 
@@ -81,8 +81,13 @@ class Policy:
         return new
 
     # ----- validation ----------------------------------------------------------------------
-    def validate(self) -> None:
-        """Raise `PolicyError` if the policy contradicts itself or TensorFlow's rules."""
+    def validate(self, aliases: Mapping[str, str] | None = None) -> None:
+        """Raise `PolicyError` if the policy contradicts itself or TensorFlow's rules.
+
+        `aliases` (GPU UUID → index, from the inventory) lets a GPU named by UUID in one place and by
+        index in another count as the same card."""
+        same = (lambda gpu: aliases.get(gpu, gpu)) if aliases else (lambda gpu: gpu)
+        limited = {same(gpu) for gpu, _ in self.limits}
         for ref in [*(self.visible or ()), *(g for g, _ in self.limits if g != ALL_GPUS), *(g for g, _ in self.splits)]:
             check_gpu_ref(ref)
         for gpu, mib in self.limits:
@@ -92,7 +97,7 @@ class Policy:
                 raise PolicyError(f"split of GPU {gpu}: 1 to {MAX_VIRTUAL_DEVICES} parts, got {len(sizes)}")
             for mib in sizes:
                 _check_mib(mib, f"split of GPU {gpu}")
-            if gpu in self.limit_map:
+            if same(gpu) in limited:
                 raise PolicyError(
                     f"GPU {gpu} has both a limit and a split; a split already sizes each part "
                     f"(remove one: `limit off {gpu}` or `split off {gpu}`)"
@@ -101,23 +106,21 @@ class Policy:
             raise PolicyError(f"split cpu: COUNT must be 1 to {MAX_VIRTUAL_DEVICES}, got {self.cpu_devices}")
         if self.allocator is not None and self.allocator not in ALLOCATORS:
             raise PolicyError(f"allocator: expected one of {', '.join(ALLOCATORS)}, got {self.allocator!r}")
-        self._check_no_repeats()
-        self._check_targets_visible()
+        self._check_visible(same)
 
-    def _check_no_repeats(self) -> None:
-        if self.visible is not None:
-            for gpu in self.visible:
-                if self.visible.count(gpu) > 1:
-                    raise PolicyError(f"GPU {gpu} is listed twice in `visible`")
-
-    def _check_targets_visible(self) -> None:
+    def _check_visible(self, same: Callable[[str], str]) -> None:
+        """No GPU twice in `visible`, and no limit or split on a GPU it hides."""
         if self.visible is None:
             return
+        visible = [same(gpu) for gpu in self.visible]
+        for gpu, card in zip(self.visible, visible):
+            if visible.count(card) > 1:
+                raise PolicyError(f"GPU {gpu} is listed twice in `visible`")
         targets = [gpu for gpu, _ in self.limits if gpu != ALL_GPUS] + [gpu for gpu, _ in self.splits]
         for gpu in targets:
             if not self.visible:
                 raise PolicyError(f"GPU {gpu} has a limit or split but `visible none` hides every GPU")
-            if is_index(gpu) and all(is_index(v) for v in self.visible) and gpu not in self.visible:
+            if is_index(same(gpu)) and all(is_index(v) for v in visible) and same(gpu) not in visible:
                 raise PolicyError(
                     f"GPU {gpu} has a limit or split but is not visible (visible: {','.join(self.visible)})"
                 )
