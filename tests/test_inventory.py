@@ -213,14 +213,14 @@ def test_missing_binding_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     """With a driver but without nvidia-ml-py the inventory says how to install it."""
     monkeypatch.setattr(inventory_module, "driver_present", lambda: True)
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    assert read_inventory().error == "nvidia-ml-py is not installed (`pip install nvidia-ml-py`)"
+    assert read_inventory(Nvml()).error == "nvidia-ml-py is not installed (`pip install nvidia-ml-py`)"
 
 
 def test_no_driver_means_no_pynvml_import(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without any sign of an NVIDIA driver pynvml is not even imported; the error says why."""
     monkeypatch.setattr(inventory_module, "driver_present", lambda: False)
     monkeypatch.setitem(sys.modules, "pynvml", None)  # importing it would say 'not installed'
-    error = read_inventory().error
+    error = read_inventory(Nvml()).error
     assert error.startswith("NVML unavailable: no NVIDIA driver here (none of /proc/driver/nvidia")
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from .cudaenv import parse_cuda_visible
-from .inventory import Inventory, read_inventory
+from .inventory import Inventory
 from .policy import Policy
 from .runtime import ConfigAPI
 
@@ -269,4 +269,4 @@ def report(machine: Machine) -> str:
 
 def doctor(controller: Controller) -> str:
     """The doctor's report for this process, as the controller sees it."""
-    return report(inspect_machine(controller.environ, read_inventory(), controller.policy, controller.api))
+    return report(inspect_machine(controller.environ, controller.inventory(), controller.policy, controller.api))

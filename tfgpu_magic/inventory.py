@@ -6,6 +6,7 @@ crash. Everything works without NVML: `read_inventory()` then reports why there 
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -188,9 +189,15 @@ class Nvml:
             return None
 
 
+@functools.cache
+def shared_nvml() -> Nvml:
+    """The process's NVML session: initialised once (NVML counts every nvmlInit), never per read."""
+    return Nvml()
+
+
 def read_inventory(nvml: Nvml | None = None) -> Inventory:
     """A fresh inventory of every GPU NVML sees."""
-    nvml = nvml or Nvml()
+    nvml = nvml or shared_nvml()
     if nvml.error is not None:
         return Inventory(error=nvml.error)
     count = nvml.call("nvmlDeviceGetCount") or 0
