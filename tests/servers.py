@@ -292,11 +292,7 @@ class KernelConnection(Kernel):
 
 def await_new_kernel(connection: KernelConnection, old_pid: int, timeout: float = STARTUP_TIMEOUT) -> KernelConnection:
     """After a restart was asked for: wait until process `old_pid` is gone, then connect to the new
-    kernel on the same connection file. `connection` is closed; the new one is returned.
-
-    Careful when polling the new kernel afterwards: every request makes IOPub traffic, and a
-    helper that waits for IOPub to fall quiet (tfgpu_magic's re-apply, through `wait_for_ready`)
-    is held back while it lasts. Poll every 0.5 s or more, or watch files instead."""
+    kernel on the same connection file. `connection` is closed; the new one is returned."""
     wait_until(lambda: not pid_alive(old_pid), timeout, f"old kernel {old_pid} gone", interval=0.02)
     connection.close()
     return connection.env.connect(connection.connection_file, timeout)

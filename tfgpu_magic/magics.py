@@ -83,10 +83,9 @@ class TFGPUMagics(Magics):
           --yes                  with restart: restart now, without asking
           --display-name TEXT    with kernelspec: the name shown in the launcher
           --remove               with kernelspec: uninstall it
-
-        (Written out here rather than built by `magic_arguments`, whose argparse import would cost
-        `%load_ext` a third of its time; `commands.OPTIONS` is the table the parser uses.)
         """
+        # The help above is written out rather than built by `magic_arguments`, whose argparse
+        # import cost `%load_ext` a third of its time; `commands.OPTIONS` is what the parser uses.
         from .commands import run_cell, run_line
 
         try:
