@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from . import persist
 from .policy import Policy
-from .startup import current_kernel_id
+from .startup import current_kernel_id, on_next
 
 RESTART_ENV = "TFGPU_MAGIC_RESTART"
 REQUEST_DELAY = 0.05
@@ -136,11 +136,7 @@ def after_this_request(shell: Any, start: Callable[[float], None]) -> None:
         start(OUTSIDE_CELL_DELAY)
         return
 
-    def once(*_: Any) -> None:
-        shell.events.unregister("post_execute", once)
-        start(REQUEST_DELAY)
-
-    shell.events.register("post_execute", once)  # fires for silent cells too, unlike post_run_cell
+    on_next(shell, "post_execute", lambda: start(REQUEST_DELAY))  # fires for silent cells too
 
 
 def _request_restart(server: Server, kernel_id: str, delay: float) -> None:

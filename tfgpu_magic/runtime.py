@@ -116,9 +116,13 @@ class Change:
     what: str
     current: Any
     desired: Any
-    run: Callable[[], None] = field(repr=False, compare=False)
-    needs_restart: bool = False
-    """TensorFlow cannot make this change in this process even before initialization."""
+    run: Callable[[], None] | None = field(repr=False, compare=False)
+    """The `tf.config` call; None when TensorFlow has no call for it (`needs_restart`)."""
+
+    @property
+    def needs_restart(self) -> bool:
+        """TensorFlow cannot make this change in this process even before initialization."""
+        return self.run is None
 
     def describe(self) -> str:
         return f"{self.what}: {show(self.current)} → {show(self.desired)}"
@@ -198,14 +202,10 @@ def _logical_changes(plan: Plan, api: ConfigAPI, gpus: list[Any], cpus: list[Any
         if recorded == wanted or (recorded is None and wanted == (None,)):
             continue
         if wanted is None:
-            changes.append(Change(what, recorded, None, _cannot_remove, needs_restart=True))
+            changes.append(Change(what, recorded, None, None))  # TF has no call to remove them
         else:
             changes.append(Change(what, recorded, wanted, lambda device=device, wanted=wanted: api.set_logical(device, wanted)))
     return changes
-
-
-def _cannot_remove() -> None:
-    raise RuntimeError(f"Logical devices {LOCKED_MARKER} being set: TensorFlow has no call to remove them")
 
 
 def _growth_changes(plan: Plan, api: ConfigAPI, gpus: list[Any], initialized: bool) -> list[Change]:
@@ -243,7 +243,7 @@ def apply_plan(plan: Plan, api: ConfigAPI | None = None) -> ApplyReport:
         return report  # nothing for tf.config, and listing devices would start CUDA for nothing
     changes, report.notes = pending_changes(plan, api)
     for change in changes:
-        if report.state.initialized:
+        if report.state.initialized or change.run is None:
             report.locked.append(change.describe())
             continue
         try:

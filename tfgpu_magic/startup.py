@@ -52,15 +52,24 @@ def say(shell: Any, text: str, warning: bool = False) -> None:
     """Print `text` (a warning to stderr) now, or, while a kernel is still starting (no request to
     answer, so nobody would see it), at the start of the first cell."""
     stream = "stderr" if warning else "stdout"
-    if getattr(shell, "kernel", None) is None or getattr(shell, "parent_header", None):
+
+    def show() -> None:
         print(text, file=getattr(sys, stream))
-        return
+
+    if getattr(shell, "kernel", None) is None or getattr(shell, "parent_header", None):
+        show()
+    else:
+        on_next(shell, "pre_run_cell", show)
+
+
+def on_next(shell: Any, event: str, callback: Callable[[], None]) -> None:
+    """Call `callback` the next time IPython fires `event`, then never again."""
 
     def once(*_: Any) -> None:
-        shell.events.unregister("pre_run_cell", once)
-        print(text, file=getattr(sys, stream))
+        shell.events.unregister(event, once)
+        callback()
 
-    shell.events.register("pre_run_cell", once)
+    shell.events.register(event, once)
 
 
 def startup_policy(
