@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# Jupyter refuses to run as root without --allow-root; Docker GPU images (TensorFlow's among them) run as root.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: demo test bench soak clean
 
@@ -13,7 +15,7 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)  ## set up and open JupyterLab on the quickstart notebook
-	$(BIN)/jupyter lab notebooks/quickstart.ipynb
+	$(BIN)/jupyter lab $(ALLOW_ROOT) notebooks/quickstart.ipynb
 
 test: $(STAMP)  ## set up and run the whole test suite
 	$(BIN)/python -m pytest

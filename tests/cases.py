@@ -135,3 +135,36 @@ def params(layer: str) -> list:
         )
         for case in BAD
     ]
+
+
+# ----- hostile lines (issue 9 §7–§11): each must be one short UsageError that changes nothing -------
+HUGE = "1" * 5000
+"""More digits than Python's `int()` accepts from text (4,300): its ValueError must never escape."""
+
+HUGE_NUMBERS = [
+    f"visible {HUGE}", f"visible 0,{HUGE}", f"visible 0-{HUGE}", f"visible {HUGE}-{HUGE}", f"visible auto:{HUGE}",
+    f"limit {HUGE}", f"limit {HUGE}GB", f"limit {HUGE}.5", f"limit 1GB {HUGE}", f"limit off {HUGE}",
+    f"split {HUGE} 2x1GB", f"split 0 {HUGE}x1GB", f"split 0 1GB,{HUGE}", f"split cpu {HUGE}", f"split off {HUGE}",
+    f"split cpu -{HUGE}", f"limit -{HUGE}", f"visible -{HUGE}",
+]
+NON_ASCII = [
+    "limit ٣GB", "limit ４GB", "limit 𝟒GB", "limit ４", "limit 1.٥GB", "split 0 1GB,١GB", "split 0 2x１GB",
+    "split 0 ٣x1GB", "split cpu ٣", "visible ٣", "limit 1GB ٣", "limit 1\u2009GB", "limit 4ＧB",
+    "visible GPU-\u212a", "visible gpu-\u017f1", "visible auto:٣",
+]
+"""Unicode digits, a thin space, a full-width unit, and the Kelvin sign / long s that a case-insensitive
+Unicode regex takes for `k` / `s`."""
+HASH_IN_WORD = ["visible 0#1", "limit 1GB 0#1", "limit 1GB#0", "split 0 2x1GB#x", "growth on#", "kernelspec a#b"]
+HUGE_LISTS = [
+    "visible " + ",".join(f"GPU-{n:08x}" for n in range(300)),
+    "visible 0-255,GPU-1",
+    "limit 1GB " + ",".join(f"GPU-{n:08x}" for n in range(257)),
+    "visible GPU-" + "a" * 200,
+    "visible " + "GPU-0," * 200_000,
+    "visible " + "x" * 1_000_000,
+    "visible " + ",".join(["GPU-8932f937"] * 2000),
+]
+VARIABLES = ["visible $gpu", "visible {gpu}", "limit $size 0", "visible " + "$gpu" * 5000, "$gpu" * 100_000]
+"""`$name` and `{expr}` reach the grammar as typed (with `gpu = "0"` in the user's namespace)."""
+
+HOSTILE = HUGE_NUMBERS + NON_ASCII + HASH_IN_WORD + HUGE_LISTS + VARIABLES

@@ -229,12 +229,14 @@ OTHER_PID = 4242
 """A compute process of another user on GPU 0."""
 
 
-def four_gpus() -> list[FakeGpu]:
-    """Four cards: GPU 0 busy (this kernel and another process on it), GPUs 1 and 2 tied on free
-    memory (2 is less busy), GPU 3 a 40 GB card in MIG mode with two instances (slots 0 and 2)."""
+def four_gpus(this_kernel: bool = True) -> list[FakeGpu]:
+    """Four cards: GPU 0 busy (this kernel, unless `this_kernel` is False, and another process on it),
+    GPUs 1 and 2 tied on free memory (2 is less busy), GPU 3 a 40 GB card in MIG mode with two
+    instances (slots 0 and 2). This kernel on a GPU means CUDA has started in it."""
+    mine = [(os.getpid(), 1024)] if this_kernel else [(OTHER_PID + 1, 1024)]
     return [
         FakeGpu(UUIDS[0], bus_id="00000000:07:00.0", used_mib=20480.5, utilization=50,
-                processes=[(os.getpid(), 1024), (OTHER_PID, 19456)], mig=[]),
+                processes=[*mine, (OTHER_PID, 19456)], mig=[]),
         FakeGpu(UUIDS[1], bus_id="00000000:0F:00.0", used_mib=1024, utilization=30, mig=[]),
         FakeGpu(UUIDS[2], bus_id="00000000:47:00.0", used_mib=1024, utilization=10),
         FakeGpu(UUIDS[3], name="NVIDIA A100-SXM4-40GB", bus_id="00000000:4E:00.0", total_mib=40960,

@@ -27,6 +27,8 @@ from tfgpu_magic.plan import OUR_ENV
 KERNEL_NAME = "tfgpu-test-python"
 STARTUP_TIMEOUT = 60
 CELL_TIMEOUT = 90
+HEAVY_MODULES = ("tensorflow", "keras", "ipywidgets", "pynvml")
+"""Modules `%load_ext tfgpu_magic` must not import."""
 
 QUIET_ENV = {
     "TF_CPP_MIN_LOG_LEVEL": "3",  # TensorFlow's C++ logging, read at import

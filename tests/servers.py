@@ -10,11 +10,16 @@ in), and a `python3` kernelspec running `sys.executable`. On it:
 - `restarting_kernel(env)` is a kernel under an `AsyncIOLoopKernelManager` that restarts it when
   it dies (like a front end's manager), no server;
 - `KernelConnection` (a `kernels.Kernel` on a connection file) runs cells and records everything the
-  kernel printed in `env.transcript`; `await_new_kernel()` follows a kernel through a restart.
+  kernel printed in `env.transcript`; `await_new_kernel()` follows a kernel through a restart;
+- connection files are named as their real users name them (`CONNECTION_NAMING`): a server's
+  `kernel-<id>.json`, jupyter_client's and nbclient's temp `tmpXXXXXXXX.json`, VS Code's `kernel-v2-…`;
+- `RecordingListener` is a tiny HTTP server on 127.0.0.1 that records every request (a stand-in for
+  a stale server's port, a proxy, a redirect target); `self_signed_cert()` makes an https certificate.
 
 Cleanup is by PID and always happens, failures included: when the env closes, every process whose
 command line names the env's root (the server, its kernels, helpers started with a kernel's
-connection file) is terminated, then killed, and checked gone with `os.kill(pid, 0)`.
+connection file) is terminated, then killed, and checked gone with `os.kill(pid, 0)`; a kernel on a
+temp-named connection file (outside the root) is stopped the same way by its connection file.
 """
 
 from __future__ import annotations
@@ -213,9 +218,10 @@ class JupyterEnv:
         """Finds only this env's kernelspecs."""
         return KernelSpecManager(kernel_dirs=[str(self.kernels_dir)])
 
-    def new_connection_file(self) -> Path:
-        """A fresh `kernel-<id>.json` path in the runtime dir, named the way Jupyter names them."""
-        return self.runtime_dir / f"kernel-{uuid.uuid4()}.json"
+    def new_connection_file(self, naming: str = "server") -> Path | None:
+        """A fresh connection file path named as `naming` (a key of `CONNECTION_NAMING`) names them;
+        None for a temp name that jupyter_client picks itself."""
+        return CONNECTION_NAMING[naming](self)
 
     def connect(self, connection_file: Path | str, timeout: float = STARTUP_TIMEOUT) -> KernelConnection:
         """A `KernelConnection` on `connection_file` once the kernel answers. The file is read again
@@ -238,10 +244,6 @@ class JupyterEnv:
         self.connections.append(connection)
         return connection
 
-    def kernel_log(self, connection_file: Path | str) -> Path:
-        """Where a kernel started without a server writes its own stdout and stderr."""
-        return self.root / (Path(connection_file).stem + ".log")
-
     def processes(self) -> list[int]:
         """PIDs of live processes started for this env (their command line names its root)."""
         return processes_naming(str(self.root))
@@ -262,6 +264,14 @@ def isolated_jupyter(prefix: str = "tfgpu-jupyter-") -> Iterator[JupyterEnv]:
             yield env
         finally:
             env.stop_processes()
+
+
+CONNECTION_NAMING: dict[str, Callable[[JupyterEnv], Path | None]] = {
+    "server": lambda env: env.runtime_dir / f"kernel-{uuid.uuid4()}.json",
+    "temp": lambda env: None,  # KernelManager() / start_new_kernel / nbclient / papermill: mkstemp's tmpXXXXXXXX.json
+    "vscode": lambda env: env.runtime_dir / f"kernel-v2-{os.getpid()}{secrets.token_urlsafe(9)}.json",
+}
+"""How Jupyter servers, plain jupyter_client (nbclient, papermill) and VS Code name connection files."""
 
 
 class KernelConnection(Kernel):
@@ -316,7 +326,12 @@ class JupyterServer:
             data=json.dumps(body or {}).encode() if method in ("POST", "PATCH", "PUT") else None,
             headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(request, timeout=timeout) as reply:  # noqa: S310 (local URL)
+        context = None
+        if self.url.startswith("https:"):
+            import ssl
+
+            context = ssl._create_unverified_context()  # noqa: S323 (our own self-signed test server)
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as reply:  # noqa: S310 (local URL)
             data = reply.read()
         return json.loads(data) if data else None
 
@@ -379,10 +394,12 @@ class JupyterServer:
 
 @contextlib.contextmanager
 def running_server(
-    env: JupyterEnv, app: str = "jupyter_server", extra_args: tuple[str, ...] = (), timeout: float = STARTUP_TIMEOUT
+    env: JupyterEnv, app: str = "jupyter_server", extra_args: tuple[str, ...] = (), timeout: float = STARTUP_TIMEOUT,
+    certificate: tuple[Path, Path] | None = None,
 ) -> Iterator[JupyterServer]:
     """`python -m {app}` on 127.0.0.1 (free port, random token, root dir `env.root`) until it answers
-    /api/status; stopped, with every kernel it started, on exit. `app="jupyterlab"` gives JupyterLab."""
+    /api/status; stopped, with every kernel it started, on exit. `app="jupyterlab"` gives JupyterLab;
+    `certificate` (cert, key files) makes it serve https."""
     token = secrets.token_hex(24)
     port = free_port()
     log = env.root / f"{app}-{port}.log"
@@ -390,6 +407,8 @@ def running_server(
         sys.executable, "-m", app, "--no-browser", "--ip=127.0.0.1", f"--port={port}",
         "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={env.root}",
     ]  # fmt: skip
+    if certificate is not None:
+        argv += [f"--ServerApp.certfile={certificate[0]}", f"--ServerApp.keyfile={certificate[1]}"]
     if os.geteuid() == 0:
         argv.append("--allow-root")
     with open(log, "wb") as log_file:
@@ -397,7 +416,8 @@ def running_server(
             [*argv, *extra_args], env=env.environ, cwd=env.root, stdin=subprocess.DEVNULL,
             stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
-    server = JupyterServer(env, process, f"http://127.0.0.1:{port}/", token, log)
+    scheme = "https" if certificate is not None else "http"
+    server = JupyterServer(env, process, f"{scheme}://127.0.0.1:{port}/", token, log)
     try:
 
         def answering() -> bool:
@@ -416,19 +436,23 @@ def running_server(
 
 @contextlib.contextmanager
 def standalone_kernel(
-    env: JupyterEnv, extra_env: dict[str, str] | None = None, kernel_name: str = "python3"
+    env: JupyterEnv, extra_env: dict[str, str] | None = None, kernel_name: str = "python3", naming: str = "server",
+    connection_file: Path | None = None,
 ) -> Iterator[KernelConnection]:
-    """A kernel started by a plain `KernelManager`: no server, no autorestart (what nbclient does)."""
-    manager = KernelManager(
-        kernel_name=kernel_name,
-        kernel_spec_manager=env.kernelspec_manager(),
-        connection_file=str(env.new_connection_file()),
-    )
+    """A kernel started by a plain `KernelManager`: no server, no autorestart (what nbclient does),
+    its connection file named as `naming` says (`CONNECTION_NAMING`), or `connection_file`. The
+    connection's `manager` is that `KernelManager` (`manager.restart_kernel()` is what a front
+    end's restart does)."""
+    chosen = connection_file or env.new_connection_file(naming)
+    manager = KernelManager(kernel_name=kernel_name, kernel_spec_manager=env.kernelspec_manager())
+    if chosen is not None:
+        manager.connection_file = str(chosen)
     connection = None
-    with open(env.kernel_log(manager.connection_file), "ab") as log:
+    with open(env.root / f"kernel-{uuid.uuid4().hex[:8]}.log", "ab") as log:
         manager.start_kernel(env={**env.environ, **(extra_env or {})}, cwd=str(env.root), stdout=log, stderr=log)
         try:
             connection = env.connect(manager.connection_file)
+            connection.manager = manager
             yield connection
         finally:
             if connection is not None:
@@ -445,18 +469,20 @@ class RestartingManager:
     `start()` launches the kernel and the restarter; `close()` always undoes whatever was started."""
 
     def __init__(
-        self, env: JupyterEnv, extra_env: dict[str, str], time_to_dead: float, stable_start_time: float
-    ) -> None:
+        self, env: JupyterEnv, extra_env: dict[str, str], time_to_dead: float, stable_start_time: float,
+        naming: str = "server",
+    ) -> None:  # fmt: skip
         self.env = env
         self.extra_env = extra_env
         self.config = {"KernelRestarter": {"time_to_dead": time_to_dead, "stable_start_time": stable_start_time}}
-        self.connection_file = env.new_connection_file()
+        self.connection_file = env.new_connection_file(naming)
+        """None until started when jupyter_client picks a temp name."""
         self.restarts = 0
         """How often the restarter brought the kernel back."""
         self.manager: Any = None
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="restarting-manager", daemon=True)
-        self.log = open(env.kernel_log(self.connection_file), "ab")  # noqa: SIM115 (restarted kernels reuse it)
+        self.log = open(env.root / f"restarting-{uuid.uuid4().hex[:8]}.log", "ab")  # noqa: SIM115 (restarted kernels reuse it)
 
     def start(self) -> None:
         from jupyter_client.ioloop import AsyncIOLoopKernelManager
@@ -466,14 +492,16 @@ class RestartingManager:
             manager = AsyncIOLoopKernelManager(
                 kernel_name="python3",
                 kernel_spec_manager=self.env.kernelspec_manager(),
-                connection_file=str(self.connection_file),
                 autorestart=True,
                 config=Config(self.config),
             )
+            if self.connection_file is not None:
+                manager.connection_file = str(self.connection_file)
             self.manager = manager
             await manager.start_kernel(
                 env={**self.env.environ, **self.extra_env}, cwd=str(self.env.root), stdout=self.log, stderr=self.log
             )
+            self.connection_file = Path(manager.connection_file)
             manager.start_restarter()  # on this loop: the restarter polls with a tornado PeriodicCallback
             manager.add_restart_callback(self._count_restart)
 
@@ -503,7 +531,8 @@ class RestartingManager:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(STOP_TIMEOUT)
             self.log.close()
-            stop_pids(processes_naming(str(self.connection_file)))
+            if self.connection_file is not None:
+                stop_pids(processes_naming(str(self.connection_file)))
 
 
 @contextlib.contextmanager
@@ -512,10 +541,11 @@ def restarting_kernel(
     extra_env: dict[str, str] | None = None,
     time_to_dead: float = 0.5,
     stable_start_time: float = 10.0,
+    naming: str = "server",
 ) -> Iterator[tuple[RestartingManager, KernelConnection]]:
     """A kernel that its manager restarts when it dies (checked every `time_to_dead` s), no server.
-    `extra_env` is added to the kernel's environment."""
-    manager = RestartingManager(env, extra_env or {}, time_to_dead, stable_start_time)
+    `extra_env` is added to the kernel's environment; `naming` as in `standalone_kernel`."""
+    manager = RestartingManager(env, extra_env or {}, time_to_dead, stable_start_time, naming)
     connection = None
     try:
         manager.start()
@@ -525,3 +555,120 @@ def restarting_kernel(
         if connection is not None:
             connection.close()
         manager.close()
+
+
+# ----- stand-ins on loopback: recording listeners, jpserver files, certificates ------------------
+@dataclass
+class Recorded:
+    """One request a `RecordingListener` received."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+
+
+class RecordingListener:
+    """An HTTP server on 127.0.0.1 (a thread of this process) that records every request and answers
+    each with `reply(method, path)` → (status, headers, body). Use as a context manager."""
+
+    def __init__(self, reply: Callable[[str, str], tuple[int, dict[str, str], bytes]] | None = None) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests: list[Recorded] = []
+        self.reply = reply or (lambda method, path: (200, {"Content-Type": "application/json"}, b"{}"))
+        listener = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                listener.requests.append(Recorded(self.command, self.path, dict(self.headers.items())))
+                status, headers, body = listener.reply(self.command, self.path)
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_CONNECT = answer  # noqa: N815 (http.server's names)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.thread = threading.Thread(target=self.server.serve_forever, name="recording-listener", daemon=True)
+
+    def __enter__(self) -> RecordingListener:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(STOP_TIMEOUT)
+
+    def carrying(self, secret: str) -> list[Recorded]:
+        """The requests in which `secret` appears anywhere (path or any header)."""
+        return [r for r in self.requests if secret in r.path or any(secret in v for v in r.headers.values())]
+
+
+def write_server_file(runtime_dir: Path, pid: int, port: int, token: str, **fields: Any) -> Path:
+    """A `jpserver-<pid>.json` as jupyter_server writes it (mode 0600), for a server on 127.0.0.1."""
+    info = {
+        "url": f"http://127.0.0.1:{port}/", "hostname": "127.0.0.1", "port": port, "sock": "", "secure": False,
+        "base_url": "/", "token": token, "root_dir": str(runtime_dir), "password": False, "pid": pid,
+        "version": "2.0.0", **fields,
+    }  # fmt: skip
+    path = runtime_dir / f"jpserver-{pid}.json"
+    path.write_text(json.dumps(info), encoding="utf-8")
+    path.chmod(0o600)
+    return path
+
+
+def dead_pid() -> int:
+    """The pid of a process that has finished (and been reaped)."""
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait(STOP_TIMEOUT)
+    return process.pid
+
+
+def self_signed_cert(directory: Path) -> tuple[Path, Path] | None:
+    """(certificate, key) for 127.0.0.1, self-signed, made with the `openssl` command line; None
+    where there is no `openssl`."""
+    import shutil
+
+    if shutil.which("openssl") is None:
+        return None
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return cert, key
+
+
+NO_RESTART_SCHEDULED = (
+    "not any(t.name == 'tfgpu_magic-restart' for t in __import__('threading').enumerate())"
+    " and not any(getattr(f, '__qualname__', '').startswith('on_next.')"
+    " for f in get_ipython().events.callbacks['post_execute'])"
+)
+"""In a kernel: no thread is asking for a restart (`restart.RESTART_THREAD`) and no end-of-cell
+callback will start one."""
+KEPT_WINDOW = 1.0
+"""Seconds within which a restart that was asked for would have begun (asked 0.05 s after the cell)."""
+
+
+def assert_kernel_kept(kernel: KernelConnection, pid: int) -> None:
+    """`kernel` was not restarted and will not be: nothing in it is set to ask for a restart, and
+    process `pid` keeps answering through a bounded poll (failing at once if it goes)."""
+    assert kernel.evaluate(NO_RESTART_SCHEDULED), "a restart is scheduled"
+    deadline = time.monotonic() + KEPT_WINDOW
+    while time.monotonic() < deadline:
+        assert pid_alive(pid), f"kernel {pid} went away"
+        time.sleep(0.05)
+    assert kernel.pid() == pid

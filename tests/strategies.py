@@ -20,7 +20,8 @@ VALID = [
     "export json", "limit 1GB GPU-8932f937",
 ]
 TOKENS = ["growth", "limit", "visible", "split", "off", "all", "none", "cpu", "0", "-1", "0-3", "3-1", "0,,1",
-          "2x", "x2GB", "50%", "1e3", "inf", "'", '"', "#", ",", "99999999999", "GPU-", "1GB,", "×", "²", "١"]
+          "2x", "x2GB", "50%", "1e3", "inf", "'", '"', "#", ",", "99999999999", "GPU-", "1GB,", "×", "²", "١",
+          "1" * 5000, "0#1", "４GB", "٣", "$gpu", "{gpu}", "GB", "auto:", "GPU-\u212a"]
 
 
 @st.composite

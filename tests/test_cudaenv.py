@@ -137,3 +137,36 @@ def test_status_checks_cuda_visible_devices_against_real_gpus() -> None:
     assert describe_cuda_visible("1,5,0", inventory) == [
         "CUDA_VISIBLE_DEVICES='1,5,0' → CUDA uses GPU 1; CUDA stops at '5' and ignores the rest"
     ]
+
+
+@pytest.mark.parametrize("raw, stopped_at", [("GPU-abc\n", "GPU-abc\n"), ("0,GPU-abc\n", "GPU-abc\n"), ("1\n", "1\n")])
+def test_a_trailing_newline_is_not_part_of_a_valid_entry(raw: str, stopped_at: str) -> None:
+    """A full match: `GPU-abc\\n` is not a UUID (a `$` pattern accepted it), and only spaces and tabs
+    around an entry are skipped."""
+    assert parse_cuda_visible(raw).stopped_at == stopped_at
+
+
+def test_huge_number_entry_is_invalid_not_a_value_error() -> None:
+    assert parse_cuda_visible("0," + "1" * 5000).entries == ("0",)
+
+
+def test_long_lists_parse_in_linear_time() -> None:
+    """40k UUIDs took quadratic time (a list membership test per entry)."""
+    import time
+
+    raw = ",".join(f"GPU-{n:08x}" for n in range(40_000))
+    started = time.perf_counter()
+    parsed = parse_cuda_visible(raw + ",GPU-00000000")
+    assert len(parsed.entries) == 40_000 and parsed.stopped_at == "GPU-00000000"
+    assert time.perf_counter() - started < 2
+
+
+def test_status_quotes_a_huge_value_by_excerpt() -> None:
+    from tfgpu_magic.inventory import Inventory
+    from tfgpu_magic.status import describe_cuda_visible
+
+    raw = ",".join(str(n % 200) for n in range(100)) + ",x" * 100_000
+    (line,) = describe_cuda_visible(raw, Inventory(error="no NVML"))
+    assert len(line) < 300 and "(200,289 characters)" in line and "(100 in all); CUDA stops at 'x'" in line
+    (many,) = describe_cuda_visible(",".join(f"GPU-{n}" for n in range(1000)), Inventory(error="no NVML"))
+    assert "(1,000 in all)" in many and len(many) < 400

@@ -36,10 +36,21 @@ CHECK = re.compile(r"^\[(?P<verdict>[ a-zA-Z]{4})\] (?P<name>[^:]+): (?P<detail>
 
 
 class FakeAPI:
-    """The two `ConfigAPI` calls the doctor makes; `gpus=None`: TensorFlow has not listed devices."""
+    """The `ConfigAPI` calls the doctor makes; `gpus=None`: TensorFlow has not listed devices;
+    `names`: what `get_device_details` says of each (None: no name, as on a non-NVIDIA device)."""
 
-    def __init__(self, gpus: int | None = None) -> None:
+    def __init__(self, gpus: int | None = None, names: tuple[str, ...] | None = None) -> None:
         self.gpus = gpus
+        self.names = names
+
+    def details(self, device: str) -> dict[str, str]:
+        assert self.gpus is not None, "the doctor asked for details before TensorFlow listed devices"
+        if self.names == ():
+            raise ValueError("The PhysicalDevice must be one obtained from calling `tf.config.list_physical_devices`")
+        return {} if self.names is None else {"device_name": self.names[int(device.split(":")[1])]}
+
+    def errors(self) -> tuple[type[BaseException], ...]:
+        return ()
 
     def state(self) -> RuntimeState:
         listed = self.gpus is not None
@@ -99,7 +110,8 @@ def parse_report(text: str) -> tuple[list[tuple[str, str, str, str]], str]:
 
 
 ORDER = ("TensorFlow", "TensorFlow build", "NVIDIA driver / NVML", "device nodes", "CUDA_VISIBLE_DEVICES",
-         "CUDA_DEVICE_ORDER", "Python", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR", "TensorFlow's GPUs")
+         "CUDA_DEVICE_ORDER", "Python", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR", "TensorFlow's GPUs",
+         "GPU order")
 HEALTHY = {
     "TensorFlow build": (OK, "tensorflow 2.21.0, built with CUDA 12.5, cuDNN 9", ""),
     "NVIDIA driver / NVML": (OK, "driver 550.54.15, GPUs 0: NVIDIA A100-SXM4-80GB, 1: NVIDIA A100-SXM4-80GB, "
@@ -137,6 +149,8 @@ def scenario(name: str, changes: dict, differs: dict, summary: str | None = None
 
 
 CVD_FAILS = "stops at its first entry"
+A100S = ("NVIDIA A100-SXM4-80GB",) * 3 + ("NVIDIA A100-SXM4-40GB",)
+"""FOUR's cards by name, nvidia-smi order."""
 SCENARIOS = [
     scenario("cuda-build-all-fine", {}, {}, "Nothing stops TensorFlow from using the GPUs above."),
     scenario("cpu-only-build", dict(tf="cpu", tf_distribution="tensorflow-cpu 2.21.0", api=FakeAPI(0)),
@@ -213,6 +227,27 @@ SCENARIOS = [
     scenario("nvml-sees-no-gpu", dict(inventory=read_inventory(Nvml(module=FakeNvml([]))), api=FakeAPI(0)),
              {"NVIDIA driver / NVML": (FAIL, "driver 550.54.15, GPUs none", "NVML works but lists no GPU"),
               **TF_LISTS_NONE}),
+    scenario("driver-missing-binding-installed", dict(inventory=NO_DRIVER, device_nodes=(), api=FakeAPI(0)),
+             {**NVML_FAILS, **NO_NODES, **TF_LISTS_NONE}),
+    scenario("driver-and-binding-missing", dict(inventory=NO_DRIVER, device_nodes=(), api=FakeAPI(0), nvml_binding=False),
+             {"NVIDIA driver / NVML": (FAIL, "NVML could not start", "for this tool's inventory: pip install nvidia-ml-py"),
+              **NO_NODES, **TF_LISTS_NONE}),
+    scenario("gpu-order-matches", dict(api=FakeAPI(4, names=A100S)),
+             {"GPU order": (OK, "TensorFlow's GPUs are the cards nvidia-smi numbers the same", "")}),
+    scenario("gpu-order-fastest-first", dict(api=FakeAPI(4, names=A100S[::-1])),
+             {"GPU order": (WARN, "TensorFlow's GPU:0 is a NVIDIA A100-SXM4-40GB, but the card in that place in "
+                                  "nvidia-smi's order is GPU 0 (NVIDIA A100-SXM4-80GB, bus 00000000:07:00.0): CUDA "
+                                  "numbered the GPUs fastest first", "sets CUDA_DEVICE_ORDER=PCI_BUS_ID before CUDA")}),
+    scenario("gpu-order-under-cuda-visible", dict(environ=env(CUDA_VISIBLE_DEVICES="3,1"),
+                                                  api=FakeAPI(2, names=(A100S[3], A100S[1]))),
+             {"CUDA_VISIBLE_DEVICES": (OK, "'3,1' → GPUs 3, 1", ""),
+              "TensorFlow's GPUs": (INFO, "TensorFlow lists 2, NVML sees 4", ""),
+              "GPU order": (OK, "TensorFlow's GPUs are the cards nvidia-smi numbers the same", "")}),
+    scenario("gpu-order-one-model-cannot-tell", dict(api=FakeAPI(3, names=A100S[:3]),
+                                                     environ=env(CUDA_VISIBLE_DEVICES="0,1,2")),
+             {"CUDA_VISIBLE_DEVICES": (OK, "'0,1,2' → GPUs 0, 1, 2", ""),
+              "TensorFlow's GPUs": (INFO, "TensorFlow lists 3, NVML sees 4", "")}),
+    scenario("gpu-details-refused", dict(api=FakeAPI(4, names=())), {}),
     scenario("build-info-unreadable", dict(tf="broken"),
              {"TensorFlow build": None, "TensorFlow": (WARN, "tensorflow 2.21.0; build info unreadable: ", "")}),
     scenario("unknown-distribution", dict(tf_distribution=None),
@@ -372,6 +407,7 @@ def test_doctor_on_this_machine() -> None:
     assert all(f"{name}: " in summary for name in ("NVIDIA driver / NVML", "device nodes"))
     assert summary.endswith(". Fix the first one first.")
     assert "tensorflow" not in sys.modules and controller.environ == {}
+    assert "pip install nvidia-ml-py" not in doctor.doctor(controller)  # it is installed here
 
 
 @pytest.fixture
@@ -415,3 +451,19 @@ def test_wsl2_gpu_counts_as_a_device_node(tf_dirs) -> None:  # noqa: ANN001
     """Under WSL2 the GPU arrives as /dev/dxg, not /dev/nvidiaN: that is not a missing GPU."""
     checks = {c.name: c for c in doctor.run_checks(make_machine(tf_dirs, device_nodes=("/dev/dxg",)))}
     assert checks["device nodes"].verdict == OK and "WSL2" in checks["device nodes"].detail
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_doctor_suggests_nvidia_ml_py_only_when_missing(tf_dirs, installed: bool) -> None:  # noqa: ANN001
+    """No driver: the fix names the driver; `pip install nvidia-ml-py` only when it is not installed."""
+    machine = make_machine(tf_dirs, inventory=NO_DRIVER, device_nodes=(), api=FakeAPI(0), nvml_binding=installed)
+    [nvml] = [c for c in doctor.run_checks(machine) if c.name == "NVIDIA driver / NVML"]
+    assert ("pip install nvidia-ml-py" in nvml.fix) is not installed
+
+
+def test_inspect_machine_finds_the_binding_without_importing_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`nvml_binding` comes from find_spec: pynvml is not imported by the doctor's look."""
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    machine = doctor.inspect_machine({}, NO_DRIVER, Policy(), FakeAPI())
+    assert machine.nvml_binding == (importlib.util.find_spec("pynvml") is not None)
+    assert "pynvml" not in sys.modules

@@ -22,7 +22,7 @@ import pytest
 from fake_tf import FakeTF, PhysicalDevice
 from tfgpu_magic.plan import build_plan
 from tfgpu_magic.policy import Policy
-from tfgpu_magic.runtime import TensorFlowConfig, apply_plan
+from tfgpu_magic.runtime import LogicalSpec, TensorFlowConfig, apply_plan, install_routes, session_config
 
 pytestmark = pytest.mark.tensorflow
 
@@ -43,10 +43,27 @@ class RealTF(TensorFlowConfig):
     def cpus_in_force(self) -> int:
         return len(self.tf.config.list_logical_devices("CPU"))
 
+    @property
+    def device_lib(self) -> Any:
+        from tensorflow.python.client import device_lib
+
+        return device_lib
+
+    def session_devices(self, config: Any) -> list[Any]:
+        with self.tf.Graph().as_default():
+            return self.tf.compat.v1.Session(config=config).list_devices()
+
+    def set_user_logical(self, device: Any, configs: Any) -> None:
+        make = self.tf.config.LogicalDeviceConfiguration
+        self.tf.config.set_logical_device_configuration(device, type(configs)(make(*spec) for spec in configs))
+
 
 class ParityFake(FakeTF):
     def cpus_in_force(self) -> int:
         return self.in_force().cpus
+
+    def session_devices(self, config: Any) -> list[Any]:
+        return self.Session(config=config).list_devices()
 
 
 def device(name: str) -> PhysicalDevice:
@@ -68,8 +85,29 @@ def _initialize(api: Any) -> None:
     api.initialize()
 
 
+def _cpus(devices: list[Any]) -> int:
+    return sum(d.device_type == "CPU" for d in devices)
+
+
+def _policy_config(api: Any, policy: dict | None) -> Any:
+    return None if policy is None else session_config(build_plan(Policy.from_dict(policy)), api)
+
+
+def _own_config(api: Any, cpus: int | None) -> Any:
+    config = api.new_session_config()
+    if cpus is not None:
+        config.device_count["CPU"] = cpus
+    return config
+
+
+def _install(api: Any, policy: dict) -> None:
+    install_routes(api, lambda: _policy_config(api, policy))
+
+
 OPS = {
-    "state": lambda api: list(dataclasses.astuple(api.state())),
+    # the first three fields: devices_created and cuda_elsewhere are GPU-build facts (a CPU build never
+    # creates GPU devices nor loads libcuda), covered by tests/test_gpu_paths.py
+    "state": lambda api: list(dataclasses.astuple(api.state()))[:3],
     "list": lambda api, kind: _names(api, api.devices(kind)),
     "init": lambda api: _initialize(api),
     "cpus": lambda api: api.cpus_in_force(),
@@ -80,6 +118,12 @@ OPS = {
     "get_visible": lambda api, kind: _names(api, api.get_visible(kind)),
     "set_visible": lambda api, names, kind: api.set_visible([device(n) for n in names], kind),
     "apply": lambda api, policy: _report(apply_plan(build_plan(Policy.from_dict(policy)), api)),
+    "device_lib": lambda api, policy: _cpus(api.device_lib.list_local_devices(_policy_config(api, policy))),
+    "routes": lambda api, policy: (_install(api, policy), _cpus(api.device_lib.list_local_devices()))[1],
+    "session": lambda api, cpus: _cpus(api.session_devices(_own_config(api, cpus))),
+    "set_user_logical": lambda api, name, count, kind: api.set_user_logical(
+        device(name), {"list": list, "tuple": tuple}[kind](LogicalSpec() for _ in range(count))),
+    "cpu_priority": lambda api, name: api.set_user_logical(device(name), [LogicalSpec(None, 1)]),
 }
 
 
@@ -194,7 +238,30 @@ APPLY = [
     Step("still 3 in force", ("cpus",), ok(3)),
 ]
 
-SCENARIOS = {"rules": RULES, "apply_plan": APPLY}
+# Routes that create devices outside the eager context (client/device_lib.py `list_local_devices`,
+# client/session.py `BaseSession.__init__`) and TF's `==` on recorded logical configurations
+# (context.py `set_logical_device_configuration`): what a CPU build can show of them.
+ROUTES = [
+    Step("split cpu 3 recorded", ("set_logical", "CPU:0", THREE), ok()),
+    Step("device_lib's default config ignores it", ("device_lib", None), ok(1)),
+    Step("device_lib given the policy's config", ("device_lib", CPU3), ok(3)),
+    Step("wrapped: device_lib's default is the policy", ("routes", CPU3), ok(3)),
+    Step("wrapped: a bare ConfigProto gets the policy's", ("session", None), ok(3)),
+    Step("wrapped: a config's own CPU count wins", ("session", 2), ok(2)),
+    Step("no route initialized the runtime", ("state",), ok([True, True, False])),
+    Step("the user's own configs, as a tuple", ("set_user_logical", "CPU:0", 3, "tuple"), ok()),
+    Step("read back as entries", ("get_logical", "CPU:0"), ok(THREE)),
+    Step("priority on a CPU", ("cpu_priority", "CPU:0"), ("ValueError", "experimental_priority on CPU")),
+    Step("first op", ("init",), ok()),
+    Step("same values as a list: TF compares with ==", ("set_logical", "CPU:0", THREE), ("RuntimeError", VIRTUAL_LOCKED)),
+    Step("apply sees them identical, calls nothing", ("apply", CPU3), report(applied=[], locked=[], failed=[])),
+    Step("3 CPUs in force", ("cpus",), ok(3)),
+]
+# Read, not run (a CPU build has no GPU): a priority or ordinal on a GPU's logical devices, the
+# allocators fixed by the first GPU device creation, cuda_malloc_async, "mapped to multiple CUDA
+# devices" and VerifyVirtualDeviceSettings; tests/test_gpu_paths.py drives them through the fake.
+
+SCENARIOS = {"rules": RULES, "apply_plan": APPLY, "routes": ROUTES}
 
 
 @pytest.fixture(scope="module")

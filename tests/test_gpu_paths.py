@@ -18,8 +18,8 @@ from fake_tf import FakeTF, InForce, SeamMisuse, cuda_visible_ids, fake_uuid
 from tfgpu_magic import importhook, status
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.inventory import Gpu, Inventory, InventoryCatalog
-from tfgpu_magic.plan import OUR_ENV, Plan
-from tfgpu_magic.runtime import ApplyReport, apply_plan
+from tfgpu_magic.plan import Plan
+from tfgpu_magic.runtime import ApplyReport, apply_plan, where
 
 GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"
 STARTS = ("before import", "imported", "devices listed")
@@ -371,7 +371,7 @@ def test_different_policy_after_init_is_locked_and_changes_nothing(change: str) 
     assert status.RESTART_HINT in text and all(item in text for item in report.locked)
     state_text = status.describe_status(ctl)
     assert fake.state().label in state_text
-    assert all(item in state_text for item in report.locked if not item.startswith(OUR_ENV))
+    assert all(item in state_text for item in report.locked)  # the variables too: message and status agree
 
 
 @pytest.mark.parametrize(
@@ -463,3 +463,330 @@ def test_no_gpu_note_also_with_growth_and_cpu_split() -> None:
     fake, ctl = session(0)
     report = edit(ctl, "growth on", "split cpu 2")
     assert any("sees no GPU" in note for note in report.notes)
+
+
+# ----- routes that create GPU devices outside the eager context (GPU-only: decided by the fake) -------
+def routed(gpus: int, *lines: str, env: dict | None = None) -> tuple[FakeTF, Controller]:
+    """TensorFlow imported, the policy applied (which installs the route wrappers on the fake)."""
+    fake, ctl = session(gpus, "imported", env)
+    if lines:
+        assert edit(ctl, *lines).ok
+    else:
+        ctl.apply()
+    return fake, ctl
+
+
+def test_device_lib_gets_the_policy_and_the_state_says_devices_exist() -> None:
+    """GPU-only, decided by the fake: `device_lib.list_local_devices()` after `limit 2GB 0` creates
+    GPU:0 with the limit (not TF's default whole-card allocator), the state names the route, and the
+    eager context's later initialization runs on those same allocators."""
+    fake, ctl = routed(2, "limit 2GB 0")
+    devices = fake.device_lib.list_local_devices()
+    assert [(d.name, d.memory_limit) for d in devices if d.device_type == "GPU"] == [("/device:GPU:0", 2048),
+                                                                                      ("/device:GPU:1", 0)]
+    label = ctl.state().label
+    assert label.startswith(f"GPU devices created by `device_lib.list_local_devices()` {where()}")
+    assert "memory settings are fixed until restart" in label
+    assert gpus_in_force(fake.initialize()) == [(0, False, (2048,)), (1, False, None)]
+
+
+def test_without_the_wrapper_device_lib_fixes_tf_defaults() -> None:
+    """GPU-only, decided by the fake (what issue 11 measured): devices created with the default
+    config fix whole-card allocators; the eager context's limit is then ignored at initialization."""
+    fake = FakeTF(2)
+    fake.device_lib.list_local_devices()  # no policy installed: TensorFlow's default SessionOptions
+    fake.set_logical(fake.devices("GPU")[1], [1024])
+    assert gpus_in_force(fake.initialize()) == [(0, False, None), (1, False, None)]  # the limit is ignored
+
+
+def test_change_after_a_route_created_devices_is_locked() -> None:
+    """GPU-only, decided by the fake: after device_lib created the GPUs, `limit 1GB 1` and `growth on`
+    are reported as needing a restart (tf.config would accept them, the allocators would not follow),
+    nothing is called, and the status lists them as pending a restart."""
+    fake, ctl = routed(2)
+    fake.device_lib.list_local_devices()
+    calls = len(fake.calls)
+    report = edit(ctl, "limit 1GB 1", "growth on")
+    assert report.applied == [] and len(report.locked) == 2 and not report.ok
+    assert report.locked == [
+        f"{GROWTH_ENV}: unset → true (read when TensorFlow created the GPU allocators)",
+        "logical devices of GPU:1: TF default → 1024 MiB (GPU devices were created by "
+        f"`device_lib.list_local_devices()` {where()})"]
+    assert len(fake.calls) == calls and fake.get_logical(_gpu(fake, 1)) is None
+    assert "cannot change these settings" in status.describe_report(report)
+    assert "Pending, needs a restart" in status.describe_status(ctl)
+
+
+def test_cpu_split_still_applies_after_a_route_created_gpu_devices() -> None:
+    """GPU-only, decided by the fake: the eager context builds its own CPU devices, so a CPU split is
+    not fixed by device_lib's GPU allocators; the growth it needs through TF_FORCE_GPU_ALLOW_GROWTH is."""
+    fake, ctl = routed(1)
+    fake.device_lib.list_local_devices()
+    report = edit(ctl, "split cpu 2")
+    assert report.applied == ["logical CPU devices: TF default → 2 logical devices"] and report.ok
+    assert fake.initialize().cpus == 2
+
+
+def test_changed_split_after_device_lib_fails_at_init_without_the_policy() -> None:
+    """GPU-only, decided by the fake: a split first seen by the eager context after device_lib mapped
+    GPU:1 to card 1 maps GPU:1 to card 0: TensorFlow's "mapped to multiple devices" failure at init."""
+    fake = FakeTF(2)
+    fake.device_lib.list_local_devices()
+    fake.set_logical(_gpu(fake, 0), [1024, 1024])
+    with pytest.raises(fake.errors()[0], match=r"TensorFlow device \(GPU:1\) is being mapped to multiple devices \(0 now, and 1"):
+        fake.initialize()
+    assert not fake.state().initialized
+
+
+def test_is_gpu_available_is_named_in_the_state() -> None:
+    """GPU-only, decided by the fake: the route is named after the tf.test function that called
+    device_lib (framework/test_util.py calls device_lib.list_local_devices() in both)."""
+    fake, ctl = routed(1, "growth on")
+
+    def is_gpu_available() -> bool:  # the name TensorFlow's own function has
+        return any(d.device_type == "GPU" for d in fake.device_lib.list_local_devices())
+
+    assert is_gpu_available()
+    assert ctl.state().devices_created.startswith("`tf.test.is_gpu_available()`")
+    assert gpus_in_force(fake.initialize()) == [(0, True, None)]
+
+
+def test_session_config_is_merged_with_the_policy() -> None:
+    """GPU-only, decided by the fake: `Session(config=ConfigProto())` gets the policy's GPU options and
+    CPU count; the user's ConfigProto itself is left untouched."""
+    fake, ctl = routed(2, "limit 1GB", "split cpu 2")
+    mine = fake.new_session_config()
+    sess = fake.Session(config=mine)
+    assert [(g.cuda_id, g.limits) for g in sess.gpus_in_force()] == [(0, (1024,)), (1, (1024,))]
+    assert sum(d.device_type == "CPU" for d in sess.list_devices()) == 2
+    assert mine == fake.new_session_config()
+    assert ctl.state().devices_created.startswith("`tf.compat.v1.Session()`")
+
+
+def test_session_with_own_gpu_options_wins_with_one_warning(capsys: pytest.CaptureFixture) -> None:
+    """GPU-only, decided by the fake: a config that sets its own gpu_options keeps them (one stderr
+    line says so); the state then says GPU memory is fixed, and a later init shows the user's growth."""
+    fake, ctl = routed(1, "limit 1GB")
+    mine = fake.new_session_config()
+    mine.gpu_options.allow_growth = True
+    fake.Session(config=mine)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert lines == ["tfgpu_magic: tf.compat.v1.Session(): the config's own gpu_options (allow_growth) win over "
+                     "the policy's for the GPU devices it creates; they stay fixed until restart"]
+    assert ctl.state().gpu_memory_fixed
+    assert gpus_in_force(fake.initialize()) == [(0, True, None)]
+
+
+def test_session_without_config_uses_the_eager_context_config() -> None:
+    """GPU-only, decided by the fake: `Session()` takes `context().config` (client/session.py), which
+    already carries the applied policy; the wrapper passes None through."""
+    fake, ctl = routed(2, "split 1 2x1GB")
+    sess = fake.Session()
+    assert [(g.cuda_id, g.limits) for g in sess.gpus_in_force()] == [(0, None), (1, (1024, 1024))]
+
+
+def test_route_wrappers_are_idempotent_and_reversible() -> None:
+    """Applying twice wraps once; `uninstall_routes` puts TensorFlow's own functions back."""
+    from tfgpu_magic.runtime import WRAPPED, uninstall_routes
+
+    fake, ctl = routed(1, "growth on")
+    original = fake.device_lib.list_local_devices
+    ctl.apply()
+    wrapped = fake.device_lib.list_local_devices
+    assert getattr(getattr(wrapped, WRAPPED), WRAPPED, None) is None
+    uninstall_routes(fake)
+    assert not hasattr(fake.device_lib.list_local_devices, WRAPPED)
+    assert not hasattr(fake.Session.__init__, WRAPPED)
+    assert getattr(original, WRAPPED) == fake.device_lib.list_local_devices
+
+
+def test_cpp_failure_of_a_route_is_one_line_and_raised(capsys: pytest.CaptureFixture) -> None:
+    """GPU-only, decided by the fake: a user's config with more virtual-device entries than GPUs fails
+    in VerifyVirtualDeviceSettings (gpu_device.cc); the user's error surfaces, with one line naming
+    whose options were used; nothing is recorded as created."""
+    fake, ctl = routed(1, "growth on")
+    mine = fake.new_session_config()
+    for _ in range(2):
+        mine.gpu_options.experimental.virtual_devices.add().memory_limit_mb.extend([512])
+    with pytest.raises(fake.errors()[0], match="Not enough GPUs to create virtual devices"):
+        fake.device_lib.list_local_devices(mine)
+    err = capsys.readouterr().err
+    assert "could not create devices with its own config: Not enough GPUs" in err
+    assert ctl.state().devices_created is None
+
+
+# ----- process-wide C++ rules the fake models -----------------------------------------------------------
+def test_async_allocator_has_no_growth_and_soft_shared_limits() -> None:
+    """GPU-only, decided by the fake (gpu_process_state.cc, read not run): under cuda_malloc_async growth
+    is not in force and the limits are the pool's; the status never calls them hard nor growth on."""
+    fake, ctl = session(1, "before import")
+    run_cell(fake, ctl, "allocator async", "growth on", "split 0 2x1GB")
+    in_force = fake.initialize()
+    assert [(g.growth, g.limits, g.allocator) for g in in_force.gpus] == [(False, (1024, 1024), "cuda_malloc_async")]
+    text = status.describe_status(ctl)
+    assert "moot (cuda_malloc_async)" in text and "soft" in text
+    assert "hard" not in text and "memory growth on" not in text
+    assert not any("TF_FORCE_GPU_ALLOW_GROWTH=true" in note for note in ctl.plan().notes)
+
+
+def test_cuda_started_by_another_library_freezes_cuda_variables() -> None:
+    """GPU-only, decided by the fake: CUDA started by PyTorch before TF listed devices: `visible 1`
+    goes through tf.config.set_visible_devices, CUDA_* stay untouched, the state says why."""
+    env: dict = {}
+    fake, ctl = session(3, "imported", env)
+    fake.start_cuda(by="libcuda is loaded in this process")
+    assert "CUDA_* changes no longer take effect" in ctl.state().label
+    [report] = run_cell(fake, ctl, "visible 1")
+    assert "CUDA_VISIBLE_DEVICES" not in env and "CUDA_DEVICE_ORDER" not in env
+    assert setters(fake, "set_visible") == [("set_visible", ["GPU:1"], "GPU")]
+    assert [g.cuda_id for g in fake.initialize().gpus] == [1]
+
+
+def test_cuda_variables_locked_once_cuda_started_elsewhere_before_import() -> None:
+    """GPU-only, decided by the fake: before TF is imported, the label says CUDA_* no longer take effect."""
+    fake, ctl = session(2, "before import")
+    fake.start_cuda(by="libcuda is loaded in this process")
+    assert ctl.state().label == ("not imported, but CUDA already started (libcuda is loaded in this process): "
+                                 "CUDA_* changes no longer take effect")
+
+
+def test_users_own_logical_config_with_priority_is_not_identical() -> None:
+    """GPU-only, decided by the fake (context.py compares LogicalDeviceConfiguration lists with ==):
+    the user's `[LogicalDeviceConfiguration(1024, experimental_priority=-1)]` is not the policy's
+    `limit 1GB 0`: after init it is reported locked instead of "already in force"."""
+    from tfgpu_magic.runtime import LogicalSpec
+
+    fake, ctl = session(1)
+    fake.set_user_logical(_gpu(fake, 0), [LogicalSpec(1024, -1)])
+    fake.initialize()
+    report = edit(ctl, "limit 1GB 0")
+    assert report.locked == ["logical devices of GPU:0: 1024 MiB (priority -1) → 1024 MiB"]
+
+
+def test_user_hid_the_cpu_and_the_status_explains() -> None:
+    """The policy never hides the CPU; if the user did, the status says what will fail and how to undo it."""
+    fake, ctl = session(1, "devices listed")
+    edit(ctl, "visible 0", "growth on")
+    assert all(call[2] == "GPU" for call in setters(fake, "set_visible"))
+    fake.set_visible([], "CPU")
+    assert 'No CPU devices are available in this process' in status.describe_status(ctl)
+
+
+def test_tf_error_while_listing_devices_is_reported_like_the_others() -> None:
+    """GPU-only, decided by the fake: a C++-side error (tf.errors.*) from TensorFlow becomes a failed
+    line with TF's words, not a traceback out of the import hook; nothing was applied."""
+    from fake_tf import InternalError
+
+    class Broken(FakeTF):
+        def list_devices(self):  # noqa: ANN202
+            raise InternalError("cudaGetDevice() failed. Status: CUDA driver version is insufficient\nmore")
+
+    fake = Broken(1)
+    report = apply_plan(Plan(growth=True), fake)
+    assert report.failed == ["listing TensorFlow's devices: TensorFlow said: cudaGetDevice() failed. Status: CUDA "
+                             "driver version is insufficient"]
+    assert report.applied == [] and report.failed[0] in status.describe_report(report)
+
+
+def test_locked_allocator_variables_agree_between_message_and_status() -> None:
+    """After init, `growth on` + a limit needs TF_FORCE_GPU_ALLOW_GROWTH=true: the change message and
+    the status both list it as needing a restart, for the same reason (read when the GPU allocators
+    were created)."""
+    fake, ctl = session(1)
+    fake.initialize()
+    report = edit(ctl, "growth on", "limit 1GB 0")
+    [env_item] = [item for item in report.locked if item.startswith(GROWTH_ENV)]
+    assert env_item == f"{GROWTH_ENV}: unset → true (read when TensorFlow created the GPU allocators)"
+    pending = status.describe_status(ctl).split("Pending, needs a restart:\n", 1)
+    assert len(pending) == 2 and env_item in pending[1]
+
+
+@pytest.mark.parametrize(("maps", "says"), [
+    ("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libcuda.so.560.35.03\n", "libcuda is loaded in this process"),
+    ("7f00-7f01 r-xp 0 08:01 1 /usr/lib/libcudart.so.12\n7f02-7f03 r-xp 0 08:01 2 /usr/lib/libc.so.6\n", None),
+    (None, None),
+])
+def test_cuda_loaded_reads_the_process_maps(tmp_path, maps: str | None, says: str | None) -> None:  # noqa: ANN001
+    """libcuda mapped means CUDA started; the runtime (libcudart) alone does not; no maps file: unknown."""
+    from tfgpu_magic.runtime import cuda_loaded
+
+    path = tmp_path / "maps"
+    if maps is not None:
+        path.write_text(maps)
+    assert cuda_loaded(str(path)) == says
+
+
+@pytest.mark.parametrize(("lines", "note"), [
+    (("growth on", "limit 1GB 0"), "TF refuses set_memory_growth on a limited GPU"),
+    (("growth on", "split cpu 2"), "any logical device makes TF drop it"),
+    (("growth on",), None),
+    (("limit 1GB", "split cpu 2"), None),
+    (("allocator async", "growth on", "limit 1GB"), None),
+])
+def test_growth_note_is_short_and_only_where_it_matters(lines: tuple[str, ...], note: str | None) -> None:
+    """The environment route for growth is explained in one short note, with the reason that fits
+    (a capped GPU, or only a CPU split), never under cuda_malloc_async (growth is moot there), and a
+    second apply of the same policy does not repeat it."""
+    fake, ctl = session(1)
+    report = edit(ctl, *lines)
+    growth_notes = [n for n in report.notes if GROWTH_ENV in n]
+    assert growth_notes == ([] if note is None else [next(n for n in growth_notes if note in n)])
+    assert all(len(n) <= 100 for n in growth_notes)
+    assert not any(GROWTH_ENV in n for n in ctl.apply().notes)
+
+
+ROUTE_IN_IPYTHON = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+setup = '''
+from fake_tf import FakeTF
+from tfgpu_magic.controller import Controller
+from tfgpu_magic.inventory import Inventory, InventoryCatalog
+fake = FakeTF(1)
+ctl = Controller(api=fake, environ={}, catalog=InventoryCatalog(Inventory()))
+ctl.apply()
+'''
+for cell in [setup, "x = 1", "fake.device_lib.list_local_devices()", "label = ctl.state().label"]:
+    assert shell.run_cell(cell, store_history=True).success
+print("LABEL " + shell.user_ns["label"])
+"""
+
+
+def test_route_names_the_ipython_cell_it_ran_in() -> None:
+    """GPU-only, decided by the fake, in a real IPython shell (fresh process): the state names the
+    cell by its In [N], read at call time (no per-cell hook)."""
+    import subprocess
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", ROUTE_IN_IPYTHON, str(Path(__file__).parent)],
+                          capture_output=True, text=True, timeout=120)
+    [label] = [line for line in done.stdout.splitlines() if line.startswith("LABEL ")]
+    assert label == ("LABEL GPU devices created by `device_lib.list_local_devices()` in In [3]: memory settings are "
+                     "fixed until restart"), done.stderr
+
+
+def test_split_policy_survives_device_lib_then_first_op() -> None:
+    """GPU-only, decided by the fake: with `split 0 2x1GB` in force, device_lib creates the same three
+    logical GPUs the eager context later asks for, so initialization keeps one id mapping (no
+    "mapped to multiple devices") and runs with the split."""
+    fake, ctl = routed(2, "split 0 2x1GB")
+    gpus = [d.name for d in fake.device_lib.list_local_devices() if d.device_type == "GPU"]
+    assert gpus == ["/device:GPU:0", "/device:GPU:1", "/device:GPU:2"]
+    assert gpus_in_force(fake.initialize()) == [(0, False, (1024, 1024)), (1, False, None)]
+
+
+def test_a_failing_policy_never_breaks_the_users_device_lib_call(capsys: pytest.CaptureFixture) -> None:
+    """If building the policy's config fails, device_lib still runs (TF's default) and one line says so."""
+    from tfgpu_magic.runtime import install_routes
+
+    fake = FakeTF(1)
+
+    def broken() -> None:
+        raise RuntimeError("injected failure")
+
+    install_routes(fake, broken)
+    assert [d.device_type for d in fake.device_lib.list_local_devices()] == ["CPU", "GPU"]
+    assert capsys.readouterr().err == ("tfgpu_magic: device_lib.list_local_devices(): the policy was not passed on: "
+                                       "injected failure\n")

@@ -7,7 +7,7 @@ import re
 import pytest
 from hypothesis import given, settings
 
-from cases import params
+from cases import HASH_IN_WORD, HUGE, HUGE_LISTS, HUGE_NUMBERS, NON_ASCII, params
 from strategies import FUZZ_EXAMPLES, directive_lines
 from tfgpu_magic.errors import PolicyError
 from tfgpu_magic.grammar import Action, Edit, parse_cell, parse_line
@@ -278,3 +278,137 @@ def test_any_line_is_a_directive_or_a_policy_error(line: str) -> None:
                 continue
             assert isinstance(result, Policy)
             result.validate()
+
+
+# ----- hostile input: huge numbers, non-ASCII digits, `#` inside words, huge lists ------------------
+@pytest.mark.parametrize("line", HUGE_NUMBERS + HUGE_LISTS)
+def test_huge_numbers_are_policy_errors(line: str) -> None:
+    """Every form that reads a number, and GPU lists beyond any machine: a one-line PolicyError that
+    quotes only an excerpt."""
+    with pytest.raises(PolicyError) as info:
+        apply_lines(line)
+    message = str(info.value)
+    assert "Exceeds the limit" not in message and "\n" not in message and len(message) < 200
+
+
+def test_huge_number_in_a_cell_names_the_line() -> None:
+    with pytest.raises(PolicyError, match=r"^line 2: GPU index '1+'…'1+' \(5,000 characters\) is out of range"):
+        parse_cell(f"growth on\nvisible {HUGE}\n")
+
+
+@pytest.mark.parametrize("line", ["visible 0" + "0" * 5000, "split cpu " + "0" * 5000 + "2"])
+def test_leading_zeros_do_not_count_against_the_digit_limit(line: str) -> None:
+    """`visible 01` means GPU 1; so does a very long run of zeros before the 1 (no int() of 5,000 digits)."""
+    assert apply_lines(line) in (Policy(visible=("0",)), Policy(cpu_devices=2))
+
+
+@pytest.mark.parametrize("line", NON_ASCII)
+def test_only_ascii_digits_units_and_uuids(line: str) -> None:
+    """Arabic-Indic, full-width and mathematical digits are not digits here; nor are the Kelvin sign and
+    the long s letters of a UUID (a case-insensitive Unicode regex would take them for `k` and `s`)."""
+    with pytest.raises(PolicyError):
+        apply_lines(line)
+
+
+@pytest.mark.parametrize("line", HASH_IN_WORD)
+def test_hash_inside_a_word_is_part_of_it(line: str) -> None:
+    """Only a word that starts with `#` starts a comment: `visible 0#1` is no GPU, not `visible 0`."""
+    with pytest.raises(PolicyError, match="#"):
+        parse_line(line)
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("visible 0 #1", Policy(visible=("0",))),
+        ("visible 0 #", Policy(visible=("0",))),
+        ("visible 0\t# note, with 'quotes", Policy(visible=("0",))),
+        ("limit '1 GB' 0 # note", Policy(limits=(("0", 1024),))),
+        ("split 0 \"2x1GB\" # it's fine", Policy(splits=(("0", (1024, 1024)),))),
+    ],
+)
+def test_word_starting_with_hash_is_a_comment(line: str, expected: Policy) -> None:
+    assert apply_lines(line) == expected
+
+
+@pytest.mark.parametrize("line", ["kernelspec '#a'", 'kernelspec "a #b"', "kernelspec a\\#b"])
+def test_quoted_or_escaped_hash_is_no_comment(line: str) -> None:
+    """A quoted or escaped `#` is text (and then no valid kernelspec name), not a comment."""
+    with pytest.raises(PolicyError, match="is not a valid name"):
+        parse_line(line)
+
+
+def test_uuid_longer_than_any_real_one_is_refused() -> None:
+    with pytest.raises(PolicyError, match="not a GPU"):
+        parse_line("visible GPU-" + "a" * 200)
+
+
+def test_gpu_list_is_capped_at_what_a_machine_can_have() -> None:
+    uuids = ",".join(f"GPU-{n:08x}" for n in range(300))
+    with pytest.raises(PolicyError, match="300 GPUs listed; at most 256"):
+        parse_line(f"visible {uuids}")
+    assert len(apply_lines("visible 0-255").visible) == 256
+
+
+def test_gpu_list_check_is_linear() -> None:
+    """2,000 distinct UUIDs and a repeat at the end: quadratic `list.count` took seconds per 10k."""
+    import time
+
+    uuids = [f"GPU-{n:08x}" for n in range(256)]
+    started = time.perf_counter()
+    for _ in range(50):
+        with pytest.raises(PolicyError, match="listed twice"):
+            parse_line("visible " + ",".join(uuids[:255] + uuids[:1]))
+    assert time.perf_counter() - started < 2
+
+
+def test_a_huge_line_is_refused_before_any_work_and_not_echoed() -> None:
+    line = "visible " + "GPU-0," * 200_000
+    with pytest.raises(PolicyError) as info:
+        parse_line(line)
+    assert "line too long (1,200,008 characters" in str(info.value) and len(str(info.value)) < 200
+
+
+# ----- messages that help -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "line, says",
+    [
+        ("grwoth on", "unknown directive 'grwoth'; did you mean `growth`?"),
+        ("visble 0", "did you mean `visible`?"),
+        ("alocator async", "did you mean `allocator`?"),
+        ("growth onn", "did you mean `on`?"),
+        ("allocator asnyc", "did you mean `async`?"),
+        ("export jsno", "did you mean `json`?"),
+        ("limit 4 GB", "limit: write `4GB` (no space between a number and its unit)"),
+        ("limit 1.5 gb 0", "write `1.5gb`"),
+        ("split 0 2 GB", "split: write `2GB`"),
+        ("split 0 2x", "split 0: '2x' is missing the size of each part, e.g. `split 0 2x2GB`"),
+        ("split 0 x2GB", "split 0: 'x2GB' is missing the number of parts"),
+    ],
+)
+def test_typos_get_a_suggestion(line: str, says: str) -> None:
+    with pytest.raises(PolicyError) as info:
+        parse_line(line)
+    assert says in str(info.value)
+    assert "expected one of growth, limit" not in str(info.value)  # a suggestion, not the whole list
+
+
+def test_no_suggestion_lists_the_directives() -> None:
+    with pytest.raises(PolicyError, match="unknown directive 'zzz'; expected one of growth, limit"):
+        parse_line("zzz")
+
+
+# ----- a cell is validated as a whole ---------------------------------------------------------------
+def test_edit_build_does_not_validate_but_change_does() -> None:
+    """`build` gives the intermediate policy of a cell (may contradict itself); `change` validates."""
+    edit = parse_line("limit 1GB 1")
+    assert isinstance(edit, Edit)
+    base = Policy(visible=("0",))
+    assert edit.build(base) == Policy(visible=("0",), limits=(("1", 1024),))
+    with pytest.raises(PolicyError, match="not visible"):
+        edit.change(base)
+
+
+def test_a_huge_cell_is_refused_at_once() -> None:
+    with pytest.raises(PolicyError, match=r"^%%tfgpu cell too long \(1,000,000 characters"):
+        parse_cell("growth on\n" * 100_000)

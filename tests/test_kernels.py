@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Iterator
 
 import pytest
-from kernels import CellResult, Kernel, running_kernel, tensorflow_stays_out_of_pytest  # noqa: F401 (autouse)
+from kernels import HEAVY_MODULES, CellResult, Kernel, running_kernel, tensorflow_stays_out_of_pytest  # noqa: F401 (autouse)
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
 
@@ -18,7 +18,7 @@ CPU_COUNT = "len(__import__('tensorflow').config.list_logical_devices('CPU'))"
 POLICY = "__import__('tfgpu_magic').current_policy().to_dict()"
 HOOK_ARMED = "__import__('tfgpu_magic.importhook').importhook.is_armed()"
 ENV_PROBE = "{k: __import__('os').environ.get(k) for k in __import__('tfgpu_magic.plan').plan.OUR_ENV}"
-HEAVY_MODULES = ("tensorflow", "keras", "ipywidgets", "pynvml")
+
 EMPTY_POLICY = {"visible": None, "growth": None, "limits": {}, "splits": {}, "cpu_devices": None, "allocator": None}
 RECORDED = "Recorded; the rest applies when TensorFlow is imported."
 

@@ -8,18 +8,19 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Callable, Iterator
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.profiledir import ProfileDir
-from IPython.testing.globalipapp import get_ipython
 from traitlets.config import Config
 
 import tfgpu_magic
 import tfgpu_magic.controller
-from cases import params
+from cases import HASH_IN_WORD, HOSTILE, HUGE, HUGE_NUMBERS, NON_ASCII, params
 from strategies import FUZZ_EXAMPLES, directive_lines
 from tfgpu_magic import importhook
 from tfgpu_magic.controller import Controller
@@ -38,18 +39,6 @@ def new_controller(environ: dict | None = None) -> Controller:
     machine without an NVIDIA driver, so results do not depend on the machine's GPUs."""
     catalog = InventoryCatalog(Inventory(error=NO_NVML))
     return Controller(environ={} if environ is None else environ, catalog=catalog)
-
-
-@pytest.fixture(scope="module")
-def shell(tmp_path_factory):  # noqa: ANN001, ANN201
-    """The test IPython shell, with the extension loaded the way a user loads it (from an empty profile,
-    so no saved default policy reaches os.environ)."""
-    ip = get_ipython()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ip, "profile_dir", ProfileDir.create_profile_dir(str(tmp_path_factory.mktemp("profile"))))
-        ip.run_line_magic("load_ext", "tfgpu_magic")
-    yield ip
-    importhook.disarm()
 
 
 @pytest.fixture
@@ -140,7 +129,7 @@ def test_cell_applies_every_line(shell, controller: Controller, capsys) -> None:
         ("", "growth on\n\nfoo\n", "line 3: unknown directive 'foo'"),
         ("", "growth on\nexport\n", "line 2: `export` is not allowed"),
         ("growth on", "split cpu 2\n", "not on the first line"),
-        ("", "growth on\nlimit 1GB 0\nsplit 0 2x1GB\n", "line 3: GPU 0 has both a limit and a split"),
+        ("", "growth on\nlimit 1GB 0\nsplit 0 2x1GB\n", "the cell's result: GPU 0 has both a limit and a split"),
     ],
 )
 def test_bad_cell_changes_nothing(shell, controller: Controller, tfgpu, capsys, line, cell, expect) -> None:  # noqa: ANN001
@@ -180,8 +169,9 @@ def test_unknown_option_is_usage_error(controller: Controller, tfgpu, line: str)
     assert controller.policy == Policy() and controller.environ == {}
 
 
-GRAMMAR = ["growth all | on | off", "limit SIZE [GPUS]", "visible GPUS | all | none", "split GPU COUNTxSIZE",
-           "split cpu COUNT", "allocator bfc | async", "export [python|env|json]", "SIZE: MiB (4096)"]
+GRAMMAR = ["growth on | off | all", "(all is the same as on)", "default: every visible GPU", "limit SIZE [GPUS]",
+           "visible GPUS | all | none", "split GPU COUNTxSIZE", "split cpu COUNT", "allocator bfc | async",
+           "export [python|env|json]", "SIZE: MiB (4096)", "begins a comment", "not expanded", "any order"]
 
 
 def test_help_shows_the_grammar(shell, capsys) -> None:  # noqa: ANN001
@@ -314,3 +304,148 @@ def test_kernelspec_option_mistakes(controller: Controller, tfgpu, line: str, sa
     """An option where a value belongs, or two options that contradict, is a one-line UsageError."""
     with pytest.raises(UsageError, match=says):
         tfgpu(line)
+
+
+# ----- hostile lines (issue 9 §7–§11) -------------------------------------------------------------
+@pytest.mark.parametrize("line", HOSTILE, ids=lambda line: line if len(line) <= 40 else f"{line[:30]}…({len(line)})")
+def test_hostile_line_is_one_short_usage_error(shell, make_magic, tfgpu, capsys, line: str) -> None:  # noqa: ANN001
+    """Each hostile line of the adversarial replay: one UsageError, one short line, at once, and the
+    policy, the controller's environment and os.environ as before."""
+    controller = make_magic({"TF_GPU_ALLOCATOR": "user-value"})
+    tfgpu("growth on")
+    shell.user_ns.update(gpu="0", size="1GB")
+    before = (controller.policy, dict(controller.environ), dict(os.environ))
+    started = time.perf_counter()
+    with pytest.raises(UsageError) as info:
+        tfgpu(line)
+    assert time.perf_counter() - started < 2
+    message = str(info.value)
+    assert "\n" not in message and len(message) < 300 and "Exceeds the limit" not in message
+    assert (controller.policy, dict(controller.environ), dict(os.environ)) == before
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("line", HUGE_NUMBERS[:5] + NON_ASCII[:3] + HASH_IN_WORD[:1])
+def test_hostile_line_in_a_cell_names_the_line(shell, controller: Controller, line: str) -> None:  # noqa: ANN001
+    with pytest.raises(UsageError) as info:
+        shell.run_cell_magic("tfgpu", "", f"growth on\n{line}\n")
+    assert str(info.value).startswith("line 2: ") and len(str(info.value)) < 300
+    assert controller.policy == Policy() and controller.environ == {}
+
+
+@pytest.mark.parametrize("directives", [(f"visible {HUGE}",), ("growth on", f"split cpu {HUGE}"), ("limit ４GB",)])
+def test_configure_raises_policy_error_for_hostile_lines(monkeypatch, directives: tuple) -> None:  # noqa: ANN001
+    controller = new_controller()
+    monkeypatch.setattr(tfgpu_magic.controller, "get_controller", lambda: controller)
+    with pytest.raises(PolicyError) as info:
+        tfgpu_magic.configure(*directives)
+    assert "Exceeds the limit" not in str(info.value) and len(str(info.value)) < 300
+    assert controller.policy == Policy() and controller.environ == {}
+
+
+def test_lines_are_not_variable_expanded(shell, controller: Controller, tfgpu) -> None:  # noqa: ANN001
+    """`$name` / `{expr}` stay as typed (`no_var_expand`): no directive uses them, and IPython's
+    expansion of a long line took minutes before the magic ran."""
+    shell.user_ns["gpu"] = "0"
+    with pytest.raises(UsageError, match=r"not a GPU: '\$gpu'"):
+        tfgpu("visible $gpu")
+    with pytest.raises(UsageError, match=r"not a GPU: '\{gpu\}'"):
+        tfgpu("visible {gpu}")
+    assert controller.policy == Policy()
+
+
+# ----- messages -------------------------------------------------------------------------------------
+def test_reset_says_what_it_cleared_and_restored(make_magic, tfgpu) -> None:  # noqa: ANN001
+    make_magic({"CUDA_VISIBLE_DEVICES": "3"})
+    tfgpu("visible 0,1")
+    out = tfgpu("reset")
+    assert "Policy cleared" in out and "CUDA_VISIBLE_DEVICES=3" in out and "unset CUDA_DEVICE_ORDER" in out
+    assert "Recorded" not in out and "applies when TensorFlow is imported" not in out
+    assert "No variable needed restoring." in tfgpu("reset")
+
+
+def test_apply_before_import_says_there_is_nothing_to_apply_yet(controller: Controller, tfgpu) -> None:  # noqa: ANN001
+    tfgpu("split cpu 2")
+    out = tfgpu("apply")
+    assert out.strip() == (
+        "Nothing to apply yet: TensorFlow is not imported; the policy applies at `import tensorflow`."
+    )
+
+
+@pytest.fixture
+def locked(make_magic, shell) -> Controller:  # noqa: ANN001
+    """Magics over a fake TensorFlow whose runtime is initialized (every device setting locked)."""
+    from fake_tf import FakeTF
+
+    environ: dict[str, str] = {}
+    fake = FakeTF(1, imported=True, environ=environ)
+    controller = Controller(api=fake, environ=environ, catalog=InventoryCatalog(Inventory(error=NO_NVML)))
+    shell.register_magics(TFGPUMagics(shell, controller=controller))
+    fake.initialize()
+    return controller
+
+
+def test_locked_hint_in_terminal_ipython_skips_restart(locked: Controller, shell, tfgpu) -> None:  # noqa: ANN001
+    """Terminal IPython (no kernel) cannot run `%tfgpu restart`: the hint says how to get there instead."""
+    assert getattr(shell, "kernel", None) is None
+    out = tfgpu("split cpu 2")
+    assert "cannot change" in out and "%tfgpu restart" not in out
+    assert "Restart IPython" in out and "%tfgpu default save" in out
+    assert "Nothing else was applied." not in out  # nothing was applied or tried
+
+
+def test_locked_hint_in_a_kernel_offers_restart(locked: Controller, shell, tfgpu, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(shell, "kernel", object(), raising=False)
+    assert "Run `%tfgpu restart`" in tfgpu("split cpu 2")
+
+
+def test_bare_status_without_gpus_reads_at_a_glance(controller: Controller, tfgpu) -> None:  # noqa: ANN001
+    assert tfgpu("").splitlines() == [
+        "TensorFlow: not imported",
+        "Policy:     none (TensorFlow defaults)",
+        "Variables:  none set",
+        f"GPUs:       none found: {NO_NVML} — `%tfgpu doctor` says more",
+    ]
+
+
+def test_limit_on_every_gpu_and_one_gpu_is_one_phrase(controller: Controller, tfgpu) -> None:  # noqa: ANN001
+    tfgpu("limit 4GB")
+    tfgpu("limit 1GB 0")
+    assert "Policy:     limit 1024 MiB on GPU 0, 4096 MiB on every other visible GPU" in tfgpu("")
+
+
+def test_unknown_option_gets_a_suggestion(controller: Controller, tfgpu) -> None:  # noqa: ANN001
+    with pytest.raises(UsageError, match="unknown option '--yse'; did you mean `--yes`"):
+        tfgpu("restart --yse")
+
+
+# ----- a cell is validated as a whole (issue 10 §5) -------------------------------------------------
+@pytest.mark.parametrize(
+    "cell",
+    ["limit 1GB 1\nvisible 0,1\n", "visible 0,1\nlimit 1GB 1\n", "split 0 2x1GB\nlimit off 0\n",
+     "visible none\nvisible 0\nlimit 1GB 0\n"],
+)
+def test_cell_lines_may_come_in_any_order(shell, controller: Controller, tfgpu, cell: str) -> None:  # noqa: ANN001
+    """Only the cell's result is validated: from `visible 0`, `limit 1GB 1` then `visible 0,1` passes."""
+    tfgpu("visible 0")
+    if "limit off 0" in cell:
+        tfgpu("limit 1GB 0")
+    shell.run_cell_magic("tfgpu", "", cell)
+    controller.policy.validate()
+    assert controller.policy.limits or controller.policy.splits
+
+
+def test_invalid_cell_result_says_it_concerns_the_result(shell, controller: Controller, tfgpu) -> None:  # noqa: ANN001
+    tfgpu("visible 0")
+    with pytest.raises(UsageError, match=r"^the cell's result: GPU 1 has a limit or split but is not visible"):
+        shell.run_cell_magic("tfgpu", "", "visible 0,1\nlimit 1GB 1\nvisible 0\n")
+    assert controller.policy == Policy(visible=("0",))
+
+
+def test_configure_validates_only_the_result(monkeypatch) -> None:  # noqa: ANN001
+    controller = new_controller()
+    monkeypatch.setattr(tfgpu_magic.controller, "get_controller", lambda: controller)
+    tfgpu_magic.configure("visible 0")
+    tfgpu_magic.configure("limit 1GB 1", "visible 0,1")
+    assert controller.policy == Policy(visible=("0", "1"), limits=(("1", 1024),))
+    importhook.disarm()

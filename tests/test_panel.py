@@ -214,3 +214,16 @@ def test_policies_naming_gpus_by_uuid_show_on_their_rows():
               ctl.parse("split 1 2x1GB")])
     assert panel.limits["2"].value == "3GB" and panel.limits["0"].value == "1GB"
     assert panel.limits["1"].value == "" and panel.splits["1"].value == "2x1GB"
+
+
+def test_where_nothing_restarts_the_button_keeps_the_policy_without_asking():
+    """Under nbclient or VS Code nothing brings a kernel back: the button says it keeps the policy for
+    the front end's restart, and pressing it stores it at once (no "variables are lost" step)."""
+    calls = []
+    panel = Panel(Controller(api=FakeTF(2), environ={}), restart=lambda: calls.append(1) or "Not restarted: stored",
+                  restarts=False)
+    assert panel.restart_button.description == "Keep for the next restart"
+    assert "front end" in panel.restart_button.tooltip
+    panel.restart_button.click()
+    assert calls == [1] and panel.confirm_button.layout.display == "none"
+    assert panel.message == "Not restarted: stored"

@@ -381,3 +381,51 @@ def test_exported_env_points_to_python_for_limits() -> None:
 def test_export_unknown_format() -> None:
     with pytest.raises(PolicyError, match="'xml'"):
         export(Policy(), "xml")
+
+
+# ----- hostile JSON: huge ints, UUIDs with a newline, huge lists ------------------------------------
+HUGE_INT = 10**5000
+"""An int Python can hold but not print (`str()` refuses over 4,300 digits)."""
+
+
+@pytest.mark.parametrize(
+    "data, expect",
+    [
+        ({"cpu_devices": HUGE_INT}, "got a number of about 5,000 digits"),
+        ({"limits": {"0": HUGE_INT}}, "got a number of about 5,000 digits"),
+        ({"limits": {"all": -HUGE_INT}}, "got a number of about 5,000 digits"),
+        ({"splits": {"0": [HUGE_INT]}}, "got a number of about 5,000 digits"),
+        ({"visible": ["GPU-8932f937\n"]}, "not a GPU reference: 'GPU-8932f937\\n'"),
+        ({"limits": {"GPU-ab\n": 5}}, "not a GPU reference"),
+        ({"visible": ["0" * 5000 + "1"]}, "not a GPU reference: '000"),
+        ({"visible": ["GPU-" + "a" * 200]}, "not a GPU reference"),
+        ({"visible": [f"GPU-{n}" for n in range(40_000)]}, "policy 'visible': 40,000 GPUs listed; at most 256"),
+        ({"limits": {f"GPU-{n}": 5 for n in range(300)}}, "policy 'limits': 300 GPUs listed"),
+        ({"splits": {f"GPU-{n}": [5] for n in range(300)}}, "policy 'splits': 300 GPUs listed"),
+    ],
+)
+def test_from_dict_rejects_hostile_values(data: dict, expect: str) -> None:
+    """A policy file with a huge int, a UUID ending in a newline or 40k GPUs: one short PolicyError."""
+    with pytest.raises(PolicyError) as info:
+        Policy.from_dict(data)
+    message = str(info.value)
+    assert expect in message and "\n" not in message and len(message) < 200
+
+
+def test_validate_caps_gpu_lists_before_any_quadratic_work() -> None:
+    """`validate` on a value built in code with 40k UUIDs answers at once (it took 47.7 s)."""
+    import time
+
+    started = time.perf_counter()
+    with pytest.raises(PolicyError, match="40,000 GPUs listed"):
+        Policy(visible=tuple(f"GPU-{n}" for n in range(40_000))).validate()
+    duplicate = Policy(visible=tuple(f"GPU-{n}" for n in range(255)) + ("GPU-0",))
+    with pytest.raises(PolicyError, match="listed twice"):
+        duplicate.validate()
+    assert time.perf_counter() - started < 1
+
+
+def test_error_quotes_only_an_excerpt_of_a_huge_value() -> None:
+    with pytest.raises(PolicyError) as info:
+        Policy.from_dict({"allocator": "x" * 1_000_000})
+    assert "(1,000,000 characters)" in str(info.value) and len(str(info.value)) < 200

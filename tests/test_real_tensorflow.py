@@ -249,3 +249,43 @@ def test_session_config_carries_the_policy(directives, cpus, growth):
                   "growth": forced == "true" if forced else config.gpu_options.allow_growth}}
     """)
     assert result == {"cpus": cpus, "value": 6, "growth": growth}
+
+
+# ----- routes that create devices outside the eager context -----------------------------------------
+def test_device_routes_run_with_the_policy():
+    """With `split cpu 3` in force, device_lib, tf.test and a TF1 Session given a bare ConfigProto all
+    create 3 CPU devices (before: device_lib and the Session listed 1); a config's own CPU count
+    wins; the wrappers are ours, TensorFlow's functions come back on uninstall, and on this GPU-less
+    build nothing is recorded as creating GPU devices."""
+    result, stderr = run_script("""
+        import tfgpu_magic
+        from tfgpu_magic.controller import get_controller
+        from tfgpu_magic.runtime import WRAPPED, uninstall_routes
+        tfgpu_magic.configure("split cpu 3")
+        import tensorflow as tf
+        from tensorflow.python.client import device_lib, session
+
+        def cpus(devices):
+            return sum(d.device_type == "CPU" for d in devices)
+
+        result = {"device_lib": cpus(device_lib.list_local_devices()), "is_gpu_available": tf.test.is_gpu_available(),
+                  "gpu_device_name": tf.test.gpu_device_name()}
+        with tf.Graph().as_default():
+            result["session"] = cpus(tf.compat.v1.Session(config=tf.compat.v1.ConfigProto()).list_devices())
+            own = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
+            result["own_config"] = cpus(tf.compat.v1.Session(config=own).list_devices())
+            result["default_session"] = cpus(tf.compat.v1.Session().list_devices())
+        get_controller().apply()  # a second apply re-wraps, never wraps a wrapper
+        wrapped = device_lib.list_local_devices
+        result["wrapped_once"] = hasattr(wrapped, WRAPPED) and not hasattr(getattr(wrapped, WRAPPED), WRAPPED)
+        uninstall_routes(get_controller().api)
+        result["restored"] = not hasattr(device_lib.list_local_devices, WRAPPED) and \\
+            not hasattr(session.BaseSession.__init__, WRAPPED)
+        result["after_uninstall"] = cpus(device_lib.list_local_devices())
+        result["created"] = get_controller().api.state().devices_created
+        result["eager"] = """ + CPUS + """
+    """)
+    assert result == {"device_lib": 3, "is_gpu_available": False, "gpu_device_name": "", "session": 3,
+                      "own_config": 2, "default_session": 3, "wrapped_once": True, "restored": True,
+                      "after_uninstall": 1, "created": None, "eager": 3}
+    assert "tfgpu_magic" not in stderr

@@ -4,6 +4,9 @@ A real `jupyter_server` (one per module, in temp dirs, token auth), real kernels
 (CPU build). "split cpu N" gives N logical CPU devices only when set before TF initializes, so a
 count of N in a new kernel's first TensorFlow cell proves the policy was in force before it.
 Kernels here are never given `%load_ext` after a restart: the extension must come by itself.
+Kernels without a server get connection files named as their real managers name them
+(`servers.CONNECTION_NAMING`): a server's `kernel-<id>.json`, jupyter_client's and nbclient's temp
+name, VS Code's.
 """
 
 from __future__ import annotations
@@ -24,28 +27,32 @@ import pytest
 from jupyter_client import BlockingKernelClient
 from kernels import CellResult
 from servers import (
+    CONNECTION_NAMING,
+    NO_RESTART_SCHEDULED,
     JupyterEnv,
     JupyterServer,
     KernelConnection,
+    assert_kernel_kept,
     await_new_kernel,
     isolated_jupyter,
-    pid_alive,
+    processes_naming,
     restarting_kernel,
     running_server,
     standalone_kernel,
+    stop_pids,
     wait_until,
 )
 
+from tfgpu_magic import restart
 from tfgpu_magic.errors import PolicyError
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
 
 CPU_COUNT = "import tensorflow as tf\nprint('logical CPUs:', len(tf.config.list_logical_devices('CPU')))"
 EXTENSION_LOADED = "'tfgpu_magic' in get_ipython().extension_manager.loaded"
+CPU_POLICY = "__import__('tfgpu_magic').current_policy().cpu_devices"
 RESTARTING = "Restarting the kernel"
 NOT_RESTARTED = "Not restarted"
-SETTLE = 2.5
-"""Seconds after which a restart that was going to happen has happened (it is asked after 0.2 s)."""
 RESTART_TIMEOUT = 60.0
 CYCLES = int(os.environ.get("TFGPU_RESTART_CYCLES", "20"))
 """Restart cycles in a row; `make soak` runs 50."""
@@ -58,7 +65,7 @@ LOAD_ONCE = (
 """`%load_ext`, quiet when the extension already loaded at start (an earlier restart's startup file):
 either way a warning found at load appears in this cell's output."""
 POLICY_FORMAT = "tfgpu_magic/policy/1"
-PENDING_FIELDS = {"format", "policy", "kernel_id", "created"}
+PENDING_FIELDS = {"format", "policy", "kernel_id", "created", "connection_file"}
 
 
 @pytest.fixture(autouse=True)
@@ -87,9 +94,20 @@ def logical_cpus(kernel: KernelConnection) -> int:
     return int(match.group(1))
 
 
-def pending_file(env: JupyterEnv, kernel_id: str) -> Path:
-    return env.runtime_dir / f"tfgpu-pending-{kernel_id}.json"
+def pending_file(env: JupyterEnv, kernel: KernelConnection | str) -> Path:
+    """The pending file of `kernel` (or of the server kernel id `kernel`), asked from the kernel
+    itself where its connection file is not a server's."""
+    if isinstance(kernel, str):
+        return env.runtime_dir / f"tfgpu-pending-{kernel}.json"
+    if kernel.connection_file.name.startswith("kernel-"):
+        return pending_file(env, kernel.kernel_id)
+    return Path(kernel.evaluate(PENDING_PATH))
 
+
+PENDING_PATH = (
+    "str(__import__('tfgpu_magic.persist').persist.pending_path("
+    "__import__('tfgpu_magic.startup').startup.current_kernel_key(get_ipython())))"
+)
 
 def restart_into_policy(kernel: KernelConnection, cell: str) -> tuple[KernelConnection, str]:
     """Run `cell` (which restarts the kernel) and `await_reapplied`; the new kernel and the cell's output."""
@@ -102,18 +120,16 @@ def await_reapplied(kernel: KernelConnection, old_pid: int) -> KernelConnection:
     """Wait for the new kernel (another PID) to take the pending policy and have the extension
     loaded, by itself; return it."""
     path = pending_file(kernel.env, kernel.kernel_id)
+    return await_taken(kernel, old_pid, path)
+
+
+def await_taken(kernel: KernelConnection, old_pid: int, path: Path) -> KernelConnection:
+    """`await_reapplied` for the pending file `path`."""
     wait_until(lambda: not path.exists(), RESTART_TIMEOUT, f"{path.name} taken by the new kernel", interval=0.02)
     new = await_new_kernel(kernel, old_pid, RESTART_TIMEOUT)
     assert new.pid() != old_pid
     wait_until(lambda: new.evaluate(EXTENSION_LOADED, timeout=10), 10, "tfgpu_magic loaded again", interval=0.5)
     return new
-
-
-def assert_kernel_kept(kernel: KernelConnection, pid: int) -> None:
-    """`kernel` was not restarted: after a while the same process still answers."""
-    time.sleep(SETTLE)
-    assert pid_alive(pid)
-    assert kernel.pid() == pid
 
 
 # ----- (a) the server route ---------------------------------------------------------------------
@@ -128,20 +144,26 @@ def test_server_restart_applies_policy_in_new_kernel(server: JupyterServer):
         assert RESTARTING in output
         assert not pending_file(server.env, kernel.kernel_id).exists()
         assert logical_cpus(new) == 3
-        assert new.evaluate("__import__('tfgpu_magic').current_policy().cpu_devices") == 3
+        assert new.evaluate(CPU_POLICY) == 3
 
 
 # ----- (b) an autorestarting manager, no server -------------------------------------------------
-def test_exit_route_under_autorestarting_manager(server: JupyterServer):
-    """No server owns the kernel, TFGPU_MAGIC_RESTART=exit: the kernel exits, its manager restarts
-    it, and the policy is in force in the new kernel."""
-    with restarting_kernel(server.env, {"TFGPU_MAGIC_RESTART": "exit"}, time_to_dead=0.5) as (manager, kernel):
+@pytest.mark.parametrize("naming", sorted(CONNECTION_NAMING))
+def test_exit_route_under_autorestarting_manager(server: JupyterServer, naming: str):
+    """No server owns the kernel, TFGPU_MAGIC_RESTART=exit, whatever its connection file is called:
+    the kernel exits, its manager restarts it on the same file, and the policy is in force in the
+    new kernel before its first cell."""
+    extra = {"TFGPU_MAGIC_RESTART": "exit"}
+    with restarting_kernel(server.env, extra, time_to_dead=0.5, naming=naming) as (manager, kernel):
         assert logical_cpus(kernel) == 1
         kernel.ok("%load_ext tfgpu_magic\n%tfgpu split cpu 2")
-        new, output = restart_into_policy(kernel, "%tfgpu restart --yes")
-        assert RESTARTING in output
+        path = pending_file(server.env, kernel)
+        old_pid = kernel.pid()
+        output = kernel.ok("%tfgpu restart --yes").output
+        assert RESTARTING in output and "terminal" not in output, output
+        new = await_taken(kernel, old_pid, path)
         assert manager.restarts == 1
-        assert not pending_file(server.env, kernel.kernel_id).exists()
+        assert not path.exists()
         assert logical_cpus(new) == 2
 
 
@@ -157,19 +179,86 @@ def test_restart_without_yes_restarts_nothing(server: JupyterServer):
         assert not pending_file(server.env, kernel.kernel_id).exists()
 
 
-def test_plain_kernel_is_never_killed(server: JupyterServer):
+@pytest.mark.parametrize("naming", sorted(CONNECTION_NAMING))
+def test_plain_kernel_is_never_killed_and_takes_the_policy_when_restarted(server: JupyterServer, naming: str):
     """A kernel without a server and without TFGPU_MAGIC_RESTART (nbclient-like; a server runs in
-    the same runtime dir but does not own it) survives `restart --yes`, which says so; the policy is
-    stored in a 0600 file for the next `%load_ext`."""
-    with standalone_kernel(server.env) as kernel:
+    the same runtime dir but does not own it), its connection file named as jupyter_client, nbclient
+    or VS Code name it: `restart --yes` keeps it, says in two lines to restart from the front end
+    (never "terminal IPython"), and stores the policy (0600). After the front end's restart
+    (`KernelManager.restart_kernel`) the policy is in force before the first cell, no `%load_ext`."""
+    with standalone_kernel(server.env, naming=naming) as kernel:
         pid = kernel.pid()
         result = kernel.ok("%load_ext tfgpu_magic\n%tfgpu split cpu 2\n%tfgpu restart --yes")
-        assert NOT_RESTARTED in result.stdout and RESTARTING not in result.stdout
+        said = result.stdout[result.stdout.find(NOT_RESTARTED) :].splitlines()
+        assert said[0].startswith(NOT_RESTARTED) and len(said) == 2 and "front end" in said[1], result.output
+        assert RESTARTING not in result.output and "terminal" not in result.output
         assert_kernel_kept(kernel, pid)
-        stored = pending_file(server.env, kernel.kernel_id)
+        stored = pending_file(server.env, kernel)
         assert stat.S_IMODE(stored.stat().st_mode) == 0o600
         content = json.loads(stored.read_text())
         assert set(content) == PENDING_FIELDS and content["policy"]["cpu_devices"] == 2
+        assert content["connection_file"] == str(kernel.connection_file.resolve())
+        kernel.manager.restart_kernel(now=False)
+        new = await_taken(kernel, pid, stored)
+        try:
+            assert logical_cpus(new) == 2
+        finally:
+            new.close()
+
+
+def test_nbclient_restart_takes_the_policy(server: JupyterServer):
+    """A real nbclient `NotebookClient` (its own temp connection file): `restart --yes` in one cell
+    stores the policy; after nbclient's `km.restart_kernel()` the next cell has it in force, the
+    extension loaded by itself."""
+    import nbformat
+    from jupyter_core.utils import run_sync
+    from nbclient import NotebookClient
+
+    cells = ["%load_ext tfgpu_magic\n%tfgpu split cpu 2\n%tfgpu restart --yes", f"print({EXTENSION_LOADED}, {CPU_POLICY})"]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell) for cell in cells])
+    client = NotebookClient(notebook, kernel_name="python3", timeout=int(RESTART_TIMEOUT))
+    client.km = client.create_kernel_manager()
+    client.km.kernel_spec_manager = server.env.kernelspec_manager()
+    with open(server.env.root / "nbclient-kernel.log", "ab") as log:
+        try:
+            with client.setup_kernel(env=server.env.environ, cwd=str(server.env.root), stdout=log, stderr=log):
+                assert Path(client.km.connection_file).name.startswith("tmp")
+                client.execute_cell(notebook.cells[0], 0)
+                assert NOT_RESTARTED in notebook.cells[0].outputs[0]["text"]
+                run_sync(client.km.restart_kernel)()
+                run_sync(client.kc.wait_for_ready)(timeout=RESTART_TIMEOUT)
+                client.execute_cell(notebook.cells[1], 1)
+                assert notebook.cells[1].outputs[0]["text"] == "True 2\n", notebook.cells[1].outputs
+        finally:
+            if client.km is not None and client.km.connection_file:
+                stop_pids(processes_naming(client.km.connection_file))
+
+
+def test_restart_without_yes_where_nothing_restarts_shows_no_button(server: JupyterServer):
+    """Without a server or the exit route, `%tfgpu restart` shows no button (pressing it would not
+    restart anything) and says exactly what to do; nothing is stored, the kernel stays."""
+    with standalone_kernel(server.env, naming="temp") as kernel:
+        pid = kernel.pid()
+        result = kernel.ok("%load_ext tfgpu_magic\n%tfgpu split cpu 2\n%tfgpu restart")
+        assert not result.results, result.output
+        assert "%tfgpu restart --yes" in result.stdout and "front end" in result.stdout, result.output
+        assert "Click" not in result.stdout and "terminal" not in result.stdout
+        assert_kernel_kept(kernel, pid)
+        assert not pending_file(server.env, kernel).exists()
+
+
+def test_terminal_ipython_is_named_only_there(shell, capsys):
+    """In terminal IPython (no kernel) `restart`, with or without --yes, says it is terminal IPython
+    and stores nothing."""
+    for line in ("restart --yes", "restart"):
+        shell.run_line_magic("tfgpu", line)
+        out = capsys.readouterr().out
+        assert out.startswith(NOT_RESTARTED) and "terminal IPython" in out, out
+
+
+def test_no_restart_scheduled_probe_names_the_real_thread():
+    """The probe `assert_kernel_kept` runs in kernels watches the thread `restart` really starts."""
+    assert repr(restart.RESTART_THREAD) in NO_RESTART_SCHEDULED
 
 
 # ----- (d) many restarts in a row ---------------------------------------------------------------
@@ -239,7 +328,7 @@ def test_first_cell_after_restart_has_the_policy_even_under_traffic(server: Jupy
         new = await_new_kernel(kernel, old_pid, RESTART_TIMEOUT)
         try:
             with steady_iopub_traffic(new.connection_file):
-                first = new.evaluate("__import__('tfgpu_magic').current_policy().cpu_devices")
+                first = new.evaluate(CPU_POLICY)
             assert first == 2 and not path.exists()
             assert new.evaluate(EXTENSION_LOADED)
         finally:
@@ -249,11 +338,13 @@ def test_first_cell_after_restart_has_the_policy_even_under_traffic(server: Jupy
 # ----- (f) unusable pending files and runtime dirs ----------------------------------------------
 def _corrupt(path: Path) -> str:
     path.write_text("{garbage", encoding="utf-8")
-    return "Expecting property name"
+    path.chmod(0o600)
+    return "is not valid JSON"
 
 
 def _foreign(path: Path) -> str:
     path.write_text(json.dumps({"format": "someone-else/7", "policy": {"cpu_devices": 2}}), encoding="utf-8")
+    path.chmod(0o600)
     return "not a tfgpu_magic policy file"
 
 
@@ -342,7 +433,7 @@ def test_startup_warning_reaches_the_user(ext_kernel_after_corrupt_pending, serv
     """The warning about the corrupt pending file, found while the kernel started (nobody listening
     yet), is shown at the start of the first cell."""
     kernel, first_output = ext_kernel_after_corrupt_pending
-    warning = f"tfgpu_magic: ignoring the pending policy: unusable policy file {pending_file(server.env, kernel.kernel_id)}"
+    warning = f"tfgpu_magic: ignoring the pending policy: {pending_file(server.env, kernel.kernel_id)} is not valid JSON"
     assert warning in first_output
 
 
@@ -358,7 +449,7 @@ def test_unusable_runtime_dir_at_persist_level(tmp_path: Path, capsys):
         persist.store_pending("k1", Policy(cpu_devices=2), directory=not_a_dir)
     with pytest.raises(PolicyError) as info:
         persist.take_pending("k1", directory=not_a_dir)
-    assert "unusable policy file" in str(info.value) and "\n" not in str(info.value)
+    assert str(not_a_dir) in str(info.value) and "\n" not in str(info.value)
     assert persist.take_pending("k1", directory=tmp_path / "missing") is None
     assert capsys.readouterr().err == ""
 

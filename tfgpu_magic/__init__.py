@@ -17,6 +17,14 @@ __version__ = "0.1.0"
 __all__ = ["Policy", "PolicyError", "configure", "current_policy", "panel", "session_config"]
 
 
+_LAZY = ("Policy", "configure")
+"""Attributes `__getattr__` loads on first use; `__dir__` lists them so Tab completion finds them."""
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
 def __getattr__(name: str) -> Any:
     """`Policy` and `configure` load on first use, keeping `%load_ext` cheap (PEP 562)."""
     if name == "Policy":

@@ -6,9 +6,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from . import persist
 from .errors import PolicyError
+from .policy import quote
 from .export import export
-from .grammar import Action, parse_cell, parse_words, split_words
-from .status import describe_policy, describe_report, describe_status, pending_groups
+from .grammar import Action, parse_cell, parse_words, split_words, suggest
+from .status import describe_policy, describe_report, describe_status, pending_groups, restart_hint
 
 if TYPE_CHECKING:
     from .magics import TFGPUMagics
@@ -22,7 +23,7 @@ def run_cell(magics: TFGPUMagics, line: str, cell: str) -> None:
     if line.strip():
         raise PolicyError("%%tfgpu takes its directives in the cell body, not on the first line")
     controller = magics.controller
-    print(describe_report(controller.edit(parse_cell(cell, controller.catalog))))
+    print(describe_report(controller.edit(parse_cell(cell, controller.catalog)), restart_hint(magics.shell)))
 
 
 def run_line(magics: TFGPUMagics, line: str) -> None:
@@ -35,14 +36,16 @@ def run_line(magics: TFGPUMagics, line: str) -> None:
         if text:
             print(text)
     else:
-        print(describe_report(magics.controller.edit([directive])))
+        action = "reset" if directive.text.split()[0].lower() == "reset" else "edit"
+        print(describe_report(magics.controller.edit([directive]), restart_hint(magics.shell), action))
 
 
 def split_options(line: str) -> tuple[list[str], dict[str, Any]]:
     """Words of the directive, and its `--options` (`OPTIONS`; the magic's docstring is the help).
 
     Parsed here rather than by argparse so that `-1GB` reaches the grammar (and gets its message),
-    quotes and `#` comments behave as in a `%%tfgpu` cell, and every mistake is a `PolicyError`."""
+    quotes and `#` comments (a word that starts with `#`) behave as in a `%%tfgpu` cell, and every
+    mistake is a `PolicyError`."""
     words, options = [], {}
     remaining = iter(split_words(line))
     for word in remaining:
@@ -51,7 +54,8 @@ def split_options(line: str) -> tuple[list[str], dict[str, Any]]:
             continue
         name, has_value, value = word.partition("=")
         if name not in OPTIONS:
-            raise PolicyError(f"unknown option {name}; the options are {', '.join(OPTIONS)} (see %tfgpu?)")
+            known = f"; the options are {', '.join(OPTIONS)} (see %tfgpu?)"
+            raise PolicyError(f"unknown option {quote(name)}{suggest(name, tuple(OPTIONS)) or known}")
         if OPTIONS[name][1]:
             value = value if has_value else next(remaining, "")
             if not value or value.startswith("--"):
@@ -81,7 +85,7 @@ def _status(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> st
 
 
 def _apply(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> str:
-    return describe_report(magics.controller.apply())
+    return describe_report(magics.controller.apply(), restart_hint(magics.shell), "apply")
 
 
 def _export(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> str:
@@ -90,21 +94,24 @@ def _export(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> st
 
 
 def _restart(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> str:
-    from .restart import restart_and_apply
+    from .restart import TO_DO_FRONTEND, choose_route, restart_and_apply
 
     shell, controller = magics.shell, magics.controller
 
     def restart() -> str:
         return restart_and_apply(shell, controller.policy)
 
-    if options.get("--yes") or getattr(shell, "kernel", None) is None:
+    if options.get("--yes"):
         return restart()
+    route = choose_route(shell)
+    if route.kind == "none":
+        return restart()  # says why nothing can restart here and what to do instead
     pending = [f"  - {item}" for _, items in pending_groups(controller) for item in items]
-    print("\n".join(
-        ["Restarting loses every variable of this kernel." + (" Changes it applies:" if pending else "")]
-        + pending
-        + ["Click the button, or run `%tfgpu restart --yes`."]
-    ))
+    lost = ["Restarting loses every variable of this kernel." + (" Changes it applies:" if pending else "")] + pending
+    if not route.restarts:
+        last = f"Nothing here can restart this kernel: run `%tfgpu restart --yes` to store the policy, then {TO_DO_FRONTEND}."
+        return "\n".join(lost + [last])
+    print("\n".join(lost + ["Click the button, or run `%tfgpu restart --yes`."]))
     from .confirm import show_restart_button
 
     show_restart_button(restart)

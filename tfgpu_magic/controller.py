@@ -16,9 +16,10 @@ from . import importhook
 from .errors import PolicyError
 from .grammar import Edit, GpuCatalog, parse_line
 from .inventory import Inventory, InventoryCatalog, cached_inventory
-from .plan import CUDA_ENV, OUR_ENV, Plan, build_plan, gpu_refs
+from .plan import CUDA_ENV, OUR_ENV, Plan, build_plan, gpu_refs, uses_gpu_settings
 from .policy import Policy, is_index
-from .runtime import ApplyReport, ConfigAPI, RuntimeState, TensorFlowConfig, any_logical_recorded, apply_plan
+from .runtime import (ApplyReport, ConfigAPI, RuntimeState, TensorFlowConfig, any_logical_recorded, apply_plan,
+                      env_changes, install_routes, session_config)
 
 class Controller:
     """Holds the desired policy and applies it: via the environment and an import hook before
@@ -53,20 +54,32 @@ class Controller:
         return directive
 
     def edit(self, edits: Iterable[Edit]) -> ApplyReport:
-        """Apply all `edits` to the policy, all or nothing, then apply the policy."""
+        """Apply all `edits` to the policy, all or nothing, then apply the policy. Only the result is
+        validated, so the lines of a `%%tfgpu` cell may come in any order."""
+        edits = list(edits)
         policy = self.policy
         for edit in edits:
             try:
-                policy = edit.change(policy)
+                policy = edit.build(policy)
             except PolicyError as err:
                 raise PolicyError(f"line {edit.line}: {err}" if edit.line else str(err)) from None
-        return self.set_policy(policy)
+        in_cell = any(edit.line for edit in edits)
+        return self.set_policy(self._validated(policy, "the cell's result: " if in_cell else ""))
 
     def edit_policy(self, lines: Iterable[str], base: Policy | None = None) -> Policy:
-        """The policy `lines` (directive strings) make of `base` (default: the current one); applies nothing."""
+        """The policy `lines` (directive strings) make of `base` (default: the current one), validated
+        as a whole like a `%%tfgpu` cell; applies nothing."""
         policy = self.policy if base is None else base
         for line in lines:
-            policy = self.parse(line).change(policy)
+            policy = self.parse(line).build(policy)
+        return self._validated(policy, "")
+
+    def _validated(self, policy: Policy, context: str) -> Policy:
+        """`policy` if valid, else `PolicyError` prefixed with `context` (what the error concerns)."""
+        try:
+            policy.validate(self._aliases(policy))
+        except PolicyError as err:
+            raise PolicyError(f"{context}{err}") from None
         return policy
 
     def set_policy(self, policy: Policy) -> ApplyReport:
@@ -79,17 +92,32 @@ class Controller:
         return report
 
     # ----- applying ------------------------------------------------------------------------
+    def state(self) -> RuntimeState:
+        """TensorFlow's state, plus NVML's word when the policy wants `CUDA_*` variables set: this
+        process among a GPU's compute processes means CUDA started here (another library did it).
+
+        Only once TensorFlow is imported (its import costs far more than an NVML read); before, the
+        libcuda check in `runtime_state` covers it, and `%load_ext` never loads NVML."""
+        state = self.api.state()
+        if state.cuda_fixed or not state.imported or not uses_gpu_settings(self.policy):
+            return state
+        inventory = self.inventory()
+        if any(proc.is_self for gpu in inventory.gpus for proc in gpu.processes):
+            return dataclasses.replace(state, cuda_elsewhere="NVML lists this process on a GPU")
+        return state
+
     def plan(self, state: RuntimeState | None = None, probe: bool = False) -> Plan:
         """The plan for the current policy, for TensorFlow as it is in `state` (default: now).
 
         With `probe` (about to apply; the `CUDA_*` variables are already set), or once CUDA started
         anyway, it asks TensorFlow whether a logical-device configuration is already recorded."""
-        state = state or self.api.state()
+        state = state or self.state()
         may_look = state.devices_listed or (probe and state.imported and self.policy.growth is True)
         recorded = may_look and any_logical_recorded(self.api)  # only growth's route depends on it
-        inherited = self.environ.get("CUDA_VISIBLE_DEVICES") if state.devices_listed else self._inherited_cvd()
-        return build_plan(self.policy, inherited, cuda_started=state.devices_listed, aliases=self._aliases(self.policy),
+        inherited = self.environ.get("CUDA_VISIBLE_DEVICES") if state.cuda_fixed else self._inherited_cvd()
+        plan = build_plan(self.policy, inherited, cuda_started=state.cuda_fixed, aliases=self._aliases(self.policy),
                           logical_recorded=recorded)
+        return dataclasses.replace(plan, locked_env=tuple(self._locked_env(plan, state)))
 
     def _aliases(self, policy: Policy) -> dict[str, str] | None:
         """UUID → index from the inventory, read only when `policy` names a GPU by UUID."""
@@ -105,47 +133,52 @@ class Controller:
         return plan
 
     def apply(self) -> ApplyReport:
-        """Apply the policy now as far as TensorFlow allows; arm the import hook if TF is not loaded."""
-        state = self.api.state()
+        """Apply the policy now as far as TensorFlow allows; arm the import hook if TF is not loaded.
+
+        Once TensorFlow is imported, the routes that create devices outside the eager context
+        (device_lib, tf.test, TF1 sessions) are wrapped to use the policy too."""
+        state = self.state()
         plan = self.plan(state)
-        env_applied, env_locked = self._sync_env(plan, state)
+        env_applied = self._sync_env(plan, state)
         if state.imported:
             importhook.disarm()
+            install_routes(self.api, self._route_config)
             plan = self.plan(state, probe=True)
-            more_applied, more_locked = self._sync_env(plan, state)
-            env_applied += more_applied
-            env_locked += [item for item in more_locked if item not in env_locked]
+            env_applied += self._sync_env(plan, state)
             report = apply_plan(plan, self.api)
         else:
             importhook.arm(self._on_import)
-            report = ApplyReport(state=state, waiting=True)
+            report = ApplyReport(state=state, waiting=True, locked=[c.describe() for c in env_changes(plan)])
         report.applied[:0] = env_applied
-        report.locked[:0] = env_locked
         report.notes[:0] = [note for note in plan.notes if note not in self._notes_shown]
         self._notes_shown = set(plan.notes)
         self.last_report = report
         return report
 
+    def _route_config(self) -> object | None:
+        """The policy as a ConfigProto for a device-creating route; None without a policy."""
+        plan = self.plan()
+        return session_config(plan, self.api) if plan.has_tf_steps else None
+
     def _on_import(self) -> None:
         report = self.apply()
         if not report.ok:
-            from .status import describe_report
+            from .status import SCRIPT_RESTART_HINT, describe_report, restart_hint
 
-            print(describe_report(report), file=sys.stderr)
+            shell = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
+            hint = restart_hint(shell) if shell is not None else SCRIPT_RESTART_HINT
+            print(describe_report(report, hint), file=sys.stderr)
 
     def _inherited_cvd(self) -> str | None:
         """`CUDA_VISIBLE_DEVICES` as it was before this tool set it."""
         name = "CUDA_VISIBLE_DEVICES"
         return self._original_env[name] if name in self._original_env else self.environ.get(name)
 
-    def _sync_env(self, plan: Plan, state: RuntimeState) -> tuple[list[str], list[str]]:
-        """Set our variables as the plan says, restore those it no longer needs.
-
-        Returns (changed, locked): `CUDA_*` are left alone once CUDA started, everything once the
-        runtime is initialized (TensorFlow read them already), and reported as locked if they differ.
-        """
+    def _env_diff(self, plan: Plan) -> list[tuple[str, str | None, str | None]]:
+        """(name, current, target) of our variables that differ from what the plan wants (restoring
+        the user's own value for those it no longer needs)."""
         wanted = plan.env_map
-        changed, locked = [], []
+        diff = []
         for name in OUR_ENV:
             if name in wanted:
                 target = wanted[name]
@@ -153,15 +186,36 @@ class Controller:
                 target = self._original_env[name]
             else:
                 continue
-            current = self.environ.get(name)
-            if current == target:
-                continue
-            if name in CUDA_ENV and state.devices_listed:
-                if name in wanted:
-                    locked.append(f"{name}: {current or 'unset'} → {target or 'unset'} (read when CUDA started)")
-                continue
-            if state.initialized:
-                locked.append(f"{name}: {current or 'unset'} → {target or 'unset'} (read at initialization)")
+            if self.environ.get(name) != target:
+                diff.append((name, self.environ.get(name), target))
+        return diff
+
+    @staticmethod
+    def _too_late(name: str, state: RuntimeState) -> str | None:
+        """Why TensorFlow or CUDA no longer reads `name`, None while it still does.
+
+        `CUDA_*`: read once, when CUDA starts. `TF_*`: read when each GPU allocator is created
+        (`GPUProcessState::GetGPUAllocator`, `GetAllowGrowthValue`), i.e. at initialization or when a
+        route created GPU devices; on a machine without GPUs they are never read, and stay harmless."""
+        if name in CUDA_ENV:
+            return "read when CUDA started" if state.cuda_fixed else None
+        if state.gpu_memory_fixed:
+            return "read when TensorFlow created the GPU allocators"
+        return None
+
+    def _locked_env(self, plan: Plan, state: RuntimeState) -> list[tuple[str, str | None, str | None, str]]:
+        """The plan's variable changes that can no longer take effect (restoring one is never locked)."""
+        wanted = plan.env_map
+        return [(name, current, target, why) for name, current, target in self._env_diff(plan)
+                if name in wanted and (why := self._too_late(name, state))]
+
+    def _sync_env(self, plan: Plan, state: RuntimeState) -> list[str]:
+        """Set our variables as the plan says, restore those it no longer needs; returns what changed.
+
+        Variables TensorFlow or CUDA already read are left alone (`Plan.locked_env` reports them)."""
+        changed = []
+        for name, current, target in self._env_diff(plan):
+            if self._too_late(name, state):
                 continue
             self._original_env.setdefault(name, current)
             if target is None:
@@ -169,7 +223,7 @@ class Controller:
             else:
                 self.environ[name] = target
             changed.append(f"{name}={target}" if target is not None else f"unset {name}")
-        return changed, locked
+        return changed
 
 
 @functools.cache

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .policy import is_index, is_uuid
+from .policy import MAX_WHOLE, is_uuid, whole_number
 
-
+_BLANKS = " \t"
+"""What CUDA skips around an entry; a newline is not among them (`GPU-abc\n` is no UUID)."""
 
 @dataclass(frozen=True)
 class CudaVisible:
@@ -31,15 +32,16 @@ def parse_cuda_visible(raw: str | None, known: set[str] | None = None) -> CudaVi
     an index or UUID that does not exist invalid."""
     if raw is None:
         return CudaVisible(None)
-    entries: list[str] = []
-    for token in (t.strip() for t in raw.split(",")):
-        if not token and not entries and raw.strip() == "":
+    entries: dict[str, None] = {}  # ordered, and a linear-time check for repeats
+    for token in (t.strip(_BLANKS) for t in raw.split(",")):
+        if not token and not entries and raw.strip(_BLANKS) == "":
             break
-        entry = str(int(token)) if is_index(token) else token
-        valid = is_index(token) or is_uuid(token)
+        number = whole_number(token)
+        entry = token if number is None else str(number)
+        valid = (number is not None and number < MAX_WHOLE) or is_uuid(token)
         if valid and known is not None:
-            valid = entry in known or (not is_index(token) and any(k.startswith(token) for k in known))
+            valid = entry in known or (number is None and any(k.startswith(token) for k in known))
         if not valid or entry in entries:
             return CudaVisible(raw, tuple(entries), token or "(empty entry)")
-        entries.append(entry)
+        entries[entry] = None
     return CudaVisible(raw, tuple(entries))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from .cudaenv import parse_cuda_visible
-from .inventory import Inventory
+from .inventory import Gpu, Inventory
 from .policy import Policy
 from .runtime import ConfigAPI
 
@@ -54,6 +54,8 @@ class Machine:
     python: str
     path_python: str | None
     path_python_has_tf: bool | None
+    nvml_binding: bool = True
+    """nvidia-ml-py is installed (found, not imported: without a driver importing it is wasted)."""
 
 
 def inspect_machine(environ: Mapping[str, str], inventory: Inventory, policy: Policy, api: ConfigAPI) -> Machine:
@@ -72,6 +74,7 @@ def inspect_machine(environ: Mapping[str, str], inventory: Inventory, policy: Po
         python=sys.executable,
         path_python=path_python,
         path_python_has_tf=_has_tensorflow(path_python) if path_python else None,
+        nvml_binding=importlib.util.find_spec("pynvml") is not None,
     )
 
 
@@ -147,9 +150,10 @@ def _check_tensorflow(m: Machine) -> Check:
 def _check_nvml(m: Machine) -> Check:
     if not m.inventory.available:
         missing_binding = (m.inventory.error or "").startswith("nvidia-ml-py is not installed")
-        return Check("NVIDIA driver / NVML", WARN if missing_binding else FAIL, m.inventory.error or "unavailable",
-                     "install the NVIDIA driver on the host (nvidia-smi must work), or start the container with GPUs "
-                     "(--gpus all); for this tool's inventory: pip install nvidia-ml-py")
+        fix = "pip install nvidia-ml-py" if missing_binding else (
+            "install the NVIDIA driver on the host (nvidia-smi must work), or start the container with GPUs "
+            "(--gpus all)" + ("" if m.nvml_binding else "; for this tool's inventory: pip install nvidia-ml-py"))
+        return Check("NVIDIA driver / NVML", WARN if missing_binding else FAIL, m.inventory.error or "unavailable", fix)
     names = ", ".join(f"{g.index}: {g.name}" for g in m.inventory.gpus) or "none"
     verdict = OK if m.inventory.gpus else FAIL
     return Check("NVIDIA driver / NVML", verdict, f"driver {m.inventory.driver_version}, GPUs {names}",
@@ -240,6 +244,42 @@ def _check_tf_vs_nvml(m: Machine) -> Check:
     return Check("TensorFlow's GPUs", OK, f"TensorFlow lists {seen} GPU(s)")
 
 
+def _check_gpu_order(m: Machine) -> Check | None:
+    """TensorFlow's GPU names against the cards nvidia-smi numbers the same, once TF listed them
+    (`get_device_details` does not initialize). CUDA numbers fastest first unless
+    CUDA_DEVICE_ORDER=PCI_BUS_ID was set before it started; TF gives no PCI bus id before it creates
+    devices, so cards of one model cannot be told apart by name."""
+    if not m.api.state().devices_listed or not m.inventory.available or not m.inventory.gpus:
+        return None
+    raw = m.environ.get("CUDA_VISIBLE_DEVICES")
+    refs = parse_cuda_visible(raw, m.inventory.known_refs()).entries if raw is not None else \
+        [gpu.ref for gpu in m.inventory.gpus]
+    cards = []
+    for ref in refs:
+        found = m.inventory.find(ref) if ref in (m.inventory.known_refs() or ()) else None
+        cards.append(found if isinstance(found, Gpu) else None)
+    pairs = []
+    for index, device in enumerate(m.api.devices("GPU")):
+        card = cards[index] if index < len(cards) else None
+        try:
+            name = m.api.details(device).get("device_name")
+        except (ValueError, *m.api.errors()):  # the doctor reports, it never fails on TF's account
+            return None
+        if card is None or card.name is None or name is None:
+            return None  # a MIG instance or an unknown name: nothing to compare
+        pairs.append((index, name, card))
+    if len({card.name for _, _, card in pairs}) < 2:
+        return None
+    wrong = [(index, name, card) for index, name, card in pairs if name != card.name]
+    if not wrong:
+        return Check("GPU order", OK, "TensorFlow's GPUs are the cards nvidia-smi numbers the same")
+    index, name, card = wrong[0]
+    return Check("GPU order", WARN, f"TensorFlow's GPU:{index} is a {name}, but the card in that place in nvidia-smi's "
+                 f"order is GPU {card.index} ({card.name}, bus {card.pci_bus_id or '?'}): CUDA numbered the GPUs "
+                 "fastest first (it started before CUDA_DEVICE_ORDER=PCI_BUS_ID)",
+                 "restart the kernel with a GPU policy (it sets CUDA_DEVICE_ORDER=PCI_BUS_ID before CUDA starts)")
+
+
 CHECKS: tuple[Callable[[Machine], Check | None], ...] = (
     _check_tensorflow,
     _check_nvml,
@@ -250,6 +290,7 @@ CHECKS: tuple[Callable[[Machine], Check | None], ...] = (
     _check_forced_growth,
     _check_allocator,
     _check_tf_vs_nvml,
+    _check_gpu_order,
 )
 
 

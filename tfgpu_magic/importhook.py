@@ -14,6 +14,10 @@ from types import ModuleType
 from typing import Any, Callable
 
 TARGET = "tensorflow"
+MARKER = "_tfgpu_magic_import_hook"
+"""Class attribute that identifies the hook. Not `isinstance`: `importlib.reload` of this module
+makes a new class, and a hook of the old class must still be found (else two hooks wrap one loader
+and each finds the other: `RecursionError`)."""
 
 
 class TensorFlowImportHook:
@@ -22,6 +26,8 @@ class TensorFlowImportHook:
     Each spec it finds gets a wrapped loader, but the hook only removes itself when a loader really
     runs, so asking whether TensorFlow exists (`importlib.util.find_spec`) leaves it armed. A plain
     class with `find_spec` (no `importlib.abc` base, whose import costs `%load_ext` time)."""
+
+    _tfgpu_magic_import_hook = True
 
     def __init__(self, callback: Callable[[], None]) -> None:
         self.callback = callback
@@ -32,7 +38,7 @@ class TensorFlowImportHook:
         spec = None
         for finder in list(sys.meta_path):
             find = getattr(finder, "find_spec", None)
-            if find is not None and not isinstance(finder, TensorFlowImportHook):
+            if find is not None and not is_hook(finder):
                 spec = find(fullname, path, target)
                 if spec is not None:
                     break
@@ -76,9 +82,14 @@ def arm(callback: Callable[[], None]) -> None:
 
 
 def disarm() -> None:
-    """Remove the hook if installed."""
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, TensorFlowImportHook)]
+    """Remove the hook if installed (one from before a reload of this module too)."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not is_hook(f)]
 
 
 def is_armed() -> bool:
-    return any(isinstance(f, TensorFlowImportHook) for f in sys.meta_path)
+    return any(is_hook(f) for f in sys.meta_path)
+
+
+def is_hook(finder: object) -> bool:
+    """True for a hook of this module, whichever copy of the class made it."""
+    return getattr(type(finder), MARKER, False) is True

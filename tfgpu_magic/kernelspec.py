@@ -2,22 +2,36 @@
 
 The kernel starts with the policy's environment variables already set and `--ext=tfgpu_magic`; the
 extension reads the policy from `TFGPU_MAGIC_POLICY` when it loads, before any cell runs.
+
+A kernelspec folder is this project's only if it holds nothing but a `kernel.json` carrying our
+marker: anything else under that name (a user's notes, another tool's kernel, a malformed file) is
+never replaced or removed. jupyter_client's own install/remove wipe the whole folder, so the file is
+written here, atomically, and removal deletes only that one file and the then-empty folder.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
-import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import PolicyError
 from .plan import build_plan
 from .policy import Policy
+from .safefile import read_json, write_atomic
 from .startup import POLICY_ENV
 from .status import describe_policy
 
+if TYPE_CHECKING:
+    from jupyter_client.kernelspec import KernelSpecManager
+
 MARKER = "tfgpu_magic"
+SPEC_FILE = "kernel.json"
+SPEC_BYTES = 1 << 20
+"""Largest kernel.json read when deciding whether a folder is ours (ours are a few KiB)."""
 
 
 def kernel_json(policy: Policy, display_name: str | None = None) -> dict:
@@ -35,31 +49,106 @@ def kernel_json(policy: Policy, display_name: str | None = None) -> dict:
 
 
 def install(name: str, policy: Policy, display_name: str | None = None) -> str:
-    """Install (or replace) the user kernelspec `name`; returns where it went."""
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+    """Install (or replace) our user kernelspec `name`; returns where it went."""
+    from jupyter_client.kernelspec import NATIVE_KERNEL_NAME
 
-    manager = KernelSpecManager()
+    manager = _manager()
+    destination = Path(manager.user_kernel_dir, name)
+    if name == NATIVE_KERNEL_NAME:
+        raise PolicyError(f"kernelspec {name!r} is Jupyter's standard Python kernel; choose another name")
+    namesake = _namesake(manager, name)
+    if namesake:
+        raise PolicyError(f"Jupyter already has a kernelspec {name!r} in {namesake}; choose another name")
+    text = json.dumps(kernel_json(policy, display_name), indent=2)
+    if os.path.lexists(destination):
+        _check_ours(destination, name, "choose another name")
+        write_atomic(destination / SPEC_FILE, text, mode=0o644)
+        return str(destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
     try:
-        existing = manager.get_kernel_spec(name)
-    except NoSuchKernel:
-        existing = None
-    if existing is not None and MARKER not in (existing.metadata or {}):
-        raise PolicyError(f"kernelspec {name!r} exists and was not made by tfgpu_magic; choose another name")
-    with tempfile.TemporaryDirectory() as tmp:
-        spec = kernel_json(policy, display_name)
-        (Path(tmp) / "kernel.json").write_text(json.dumps(spec, indent=2), encoding="utf-8")
-        return manager.install_kernel_spec(tmp, kernel_name=name, user=True)
+        destination.mkdir()  # claims the name: fails, rather than replaces, if it appeared meanwhile
+    except FileExistsError:
+        raise PolicyError(f"kernelspec {name!r}: {destination} appeared meanwhile; nothing written") from None
+    try:
+        write_atomic(destination / SPEC_FILE, text, mode=0o644)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            destination.rmdir()  # the folder we just made, still empty
+        raise
+    return str(destination)
 
 
 def remove(name: str) -> str:
-    """Remove the kernelspec `name` if tfgpu_magic made it."""
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+    """Remove our user kernelspec `name`; returns the folder removed."""
+    manager = _manager()
+    destination = Path(manager.user_kernel_dir, name)
+    if not os.path.lexists(destination):
+        namesake = _namesake(manager, name)
+        if namesake:
+            raise PolicyError(
+                f"kernelspec {name!r} is in {namesake}, not in {destination.parent}; tfgpu_magic removes only its own"
+            )
+        raise PolicyError(f"kernelspec {name!r} is not installed")
+    _check_ours(destination, name, "not removing it")
+    (destination / SPEC_FILE).unlink()
+    destination.rmdir()  # empty now: `_check_ours` saw nothing else in it
+    return str(destination)
 
-    manager = KernelSpecManager()
+
+def _manager() -> KernelSpecManager:
+    """jupyter_client's view of the kernelspec folders (JUPYTER_DATA_DIR, JUPYTER_PATH, ... honoured)."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    return KernelSpecManager()
+
+
+def _check_ours(folder: Path, name: str, refusal: str) -> None:
+    """`PolicyError` unless `folder` is a kernelspec this project wrote."""
+    reason = _not_ours(folder)
+    if reason:
+        raise PolicyError(f"kernelspec {name!r}: {folder} was not made by tfgpu_magic ({reason}); {refusal}")
+
+
+def _not_ours(folder: Path) -> str | None:
+    """Why `folder` is not ours (a real folder holding only a kernel.json with our marker); None if it is."""
+    if folder.is_symlink():
+        return "it is a symbolic link"
+    if not folder.is_dir():
+        return "it is not a folder"
+    entries = sorted(os.listdir(folder))
+    others = [entry for entry in entries if entry != SPEC_FILE]
+    if others:
+        shown = ", ".join(repr(entry)[:40] for entry in others[:3])
+        return f"it holds {shown}" + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+    path = folder / SPEC_FILE
+    if not entries:
+        return f"it has no {SPEC_FILE}"
+    if path.is_symlink():
+        return f"its {SPEC_FILE} is a symbolic link"
     try:
-        spec = manager.get_kernel_spec(name)
-    except NoSuchKernel:
-        raise PolicyError(f"kernelspec {name!r} is not installed") from None
-    if MARKER not in (spec.metadata or {}):
-        raise PolicyError(f"kernelspec {name!r} was not made by tfgpu_magic; not removing it")
-    return manager.remove_kernel_spec(name)
+        spec = read_json(path, SPEC_BYTES)
+    except PolicyError as err:
+        return str(err)
+    metadata = spec.get("metadata") if isinstance(spec, dict) else None
+    if not isinstance(metadata, dict) or not isinstance(metadata.get(MARKER), dict):
+        return f"its {SPEC_FILE} has no {MARKER} marker"
+    return None
+
+
+def _namesake(manager: KernelSpecManager, name: str) -> Path | None:
+    """Another kernelspec folder than our user folder that Jupyter finds under `name` (in JUPYTER_PATH,
+    the environment's or the system's share/jupyter, IPython's kernels, or the user folder under
+    another case): one of the two would hide the other."""
+    user_dir = os.path.realpath(manager.user_kernel_dir)
+    for kernel_dir in manager.kernel_dirs:
+        try:
+            entries = os.listdir(kernel_dir)
+        except OSError:
+            continue  # missing or unreadable: Jupyter finds nothing there either
+        same_dir = os.path.realpath(kernel_dir) == user_dir
+        for entry in entries:
+            path = Path(kernel_dir, entry)
+            # Jupyter's own test for a kernelspec: a folder with a regular kernel.json, names compared lower-case
+            if entry.lower() == name and not (same_dir and entry == name) and (path / SPEC_FILE).is_file():
+                return path
+    return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_cell_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_expand
 from traitlets import List, Unicode
 
 from .errors import PolicyError
@@ -45,14 +45,15 @@ class TFGPUMagics(Magics):
         return self.shell.profile_dir.location
 
     @line_cell_magic
+    @no_var_expand  # no directive needs `$var`, and expanding a long line costs quadratic time
     def tfgpu(self, line: str, cell: str | None = None) -> None:
         """Control TensorFlow's GPUs from a notebook, before and after `import tensorflow`.
 
         Directives (one per line in a %%tfgpu cell, all or nothing)::
 
           %tfgpu                           status: TF state, policy, what TF recorded, devices
-          %tfgpu growth all | on | off     memory growth on every visible GPU
-          %tfgpu limit SIZE [GPUS]         hard memory cap on each listed GPU (default: every GPU)
+          %tfgpu growth on | off | all     memory growth on every visible GPU (all is the same as on)
+          %tfgpu limit SIZE [GPUS]         hard memory cap on each listed GPU (default: every visible GPU)
           %tfgpu limit off [GPUS]
           %tfgpu visible GPUS | all | none which GPUs this kernel may use
           %tfgpu visible auto[:N]          the N GPUs with the most free memory (pinned by UUID)
@@ -75,6 +76,8 @@ class TFGPUMagics(Magics):
         SIZE: MiB (4096) or 512MB, 1.5GB, 2GiB, 3G (binary units, like TF and nvidia-smi), or NN%
         of the card's memory (needs the NVML inventory).
         GPUS: indices in nvidia-smi order (0,2 or 0-3), GPU UUIDs or unique UUID prefixes.
+        A word that starts with # begins a comment; $name and {expr} are not expanded.
+        A %%tfgpu cell is checked as a whole: its lines may come in any order.
         Growth together with a limit or split is realised through TF_FORCE_GPU_ALLOW_GROWTH=true
         (TensorFlow refuses set_memory_growth on a GPU with logical devices).
 
@@ -84,6 +87,7 @@ class TFGPUMagics(Magics):
           --display-name TEXT    with kernelspec: the name shown in the launcher
           --remove               with kernelspec: uninstall it
         """
+        # Lines reach the directives as typed: `$name` and `{expr}` are not expanded (`no_var_expand`).
         # The help above is written out rather than built by `magic_arguments`, whose argparse
         # import cost `%load_ext` a third of its time; `commands.OPTIONS` is what the parser uses.
         from .commands import run_cell, run_line
@@ -101,15 +105,18 @@ def load(shell: Any) -> TFGPUMagics:
     """Register the magics on `shell` and apply the policy this kernel starts with."""
     from .startup import say, startup_policy
 
+    from .completion import register_completer
+
     magics = TFGPUMagics(shell)
     shell.register_magics(magics)
+    register_completer(shell, lambda: magics.controller)
     policy, warnings = startup_policy(lambda: magics.controller, magics.default_policy, magics.profile_dir, shell)
     for warning in warnings:
         say(shell, f"tfgpu_magic: {warning}", warning=True)
     if policy is not None:
         report = magics.controller.set_policy(policy)
         if not report.ok:
-            from .status import describe_report
+            from .status import describe_report, restart_hint
 
-            say(shell, describe_report(report))
+            say(shell, describe_report(report, restart_hint(shell)))
     return magics

@@ -18,6 +18,7 @@ from .errors import PolicyError
 from .export import export
 from .inventory import Gpu
 from .policy import ALL_GPUS, Policy
+from .restart import TO_DO_FRONTEND
 from .status import describe_report, pending_groups
 
 REFRESH_SECONDS = 2.0
@@ -47,7 +48,7 @@ def gpu_rows(controller: Controller) -> tuple[list[GpuRow], str]:
     inventory = controller.inventory()
     if inventory.available and inventory.gpus:
         return [_nvml_row(gpu) for gpu in inventory.gpus], ""
-    state = controller.api.state()
+    state = controller.state()
     if state.imported:
         gpus = controller.api.devices("GPU")  # lists devices, never initializes the runtime
         if gpus:
@@ -100,7 +101,9 @@ class Panel:
     """One displayed panel. `widget` is the ipywidgets tree; `close()` detaches it."""
 
     def __init__(self, controller: Controller | None = None, shell: Any = None,
-                 restart: Callable[[], str] | None = None) -> None:
+                 restart: Callable[[], str] | None = None, restarts: bool = True) -> None:
+        """`restart` stores the policy and restarts the kernel; `restarts` says whether anything will
+        bring the kernel back here (else the button only keeps the policy for a front-end restart)."""
         import ipywidgets as w
 
         self.w = w
@@ -130,8 +133,11 @@ class Panel:
                                        continuous_update=False) for row in self.rows}
         self.bars = {row.ref: w.HTML(memory_bar(row)) for row in self.rows}
         self.apply_button = w.Button(description="Apply", icon="check", layout=w.Layout(width="auto"))
-        self.restart_button = w.Button(description="Restart kernel and apply", icon="refresh", button_style="warning",
-                                        layout=w.Layout(width="auto"))
+        self.restarts = restarts
+        self.restart_button = w.Button(
+            description="Restart kernel and apply" if restarts else "Keep for the next restart",
+            tooltip=None if restarts else f"Nothing here can restart this kernel: {TO_DO_FRONTEND}",
+            icon="refresh", button_style="warning", layout=w.Layout(width="auto"))
         self.confirm_button = w.Button(description="Yes, restart (variables are lost)", button_style="danger",
                                        layout=w.Layout(display="none", width="auto"))
         self.cancel_button = w.Button(description="Cancel", layout=w.Layout(display="none", width="auto"))
@@ -171,7 +177,7 @@ class Panel:
             self.limits[ref].observe(lambda c, ref=ref: self._edit(self._limit_directive(ref, c["new"])), "value")
             self.splits[ref].observe(lambda c, ref=ref: self._edit(self._split_directive(ref, c["new"])), "value")
         self.apply_button.on_click(lambda _: self._show(describe_report(self.controller.apply())))
-        self.restart_button.on_click(lambda _: self._ask_restart(True))
+        self.restart_button.on_click(lambda _: self._ask_restart(True) if self.restarts else self._do_restart())
         self.cancel_button.on_click(lambda _: self._ask_restart(False))
         self.confirm_button.on_click(lambda _: self._do_restart())
         self.export_button.on_click(
@@ -233,7 +239,7 @@ class Panel:
     # ----- refresh -------------------------------------------------------------------------
     def sync(self) -> None:
         """Make every control show the controller's state; observers stay quiet meanwhile."""
-        policy, state = self.controller.policy, self.controller.api.state()
+        policy, state = self.controller.policy, self.controller.state()
         self._syncing = True
         try:
             self.growth.value = "default" if policy.growth is None else ("on" if policy.growth else "off")
@@ -259,10 +265,12 @@ class Panel:
         self.header.value = self._header_html(state)
 
     def _header_html(self, state: Any) -> str:
-        color = "var(--jp-warn-color1, #f57c00)" if state.initialized else "var(--jp-success-color1, #388e3c)"
-        lines = [f"<b>tfgpu</b> · TensorFlow: <span style='color:{color}'>{state.label}</span>"]
-        if state.initialized:
-            lines.append(f"<span style='{LOCK_BADGE}'>locked</span> {LOCKED_REASON}")
+        fixed = state.gpu_memory_fixed
+        color = "var(--jp-warn-color1, #f57c00)" if fixed else "var(--jp-success-color1, #388e3c)"
+        lines = [f"<b>tfgpu</b> · TensorFlow: <span style='color:{color}'>{html.escape(state.label)}</span>"]
+        if fixed:
+            reason = LOCKED_REASON if state.initialized else "GPU memory settings wait for Restart kernel and apply"
+            lines.append(f"<span style='{LOCK_BADGE}'>locked</span> {reason}")
         for title, items in pending_groups(self.controller):
             entries = "".join(f"<li>{html.escape(item)}</li>" for item in items)
             lines.append(f"{html.escape(title)}:<ul style='margin:2px 0'>{entries}</ul>")
@@ -319,9 +327,9 @@ def show_panel(controller: Controller, shell: Any) -> Panel:
     in sync with TF's state after each cell."""
     from IPython.display import display
 
-    from .restart import restart_and_apply
+    from .restart import choose_route, restart_and_apply
 
-    panel = Panel(controller, shell, lambda: restart_and_apply(shell, controller.policy))
+    panel = Panel(controller, shell, lambda: restart_and_apply(shell, controller.policy), choose_route(shell).restarts)
     _open_panels.append(panel)
     if shell is not None and len(_open_panels) == 1:
         shell.events.register("post_run_cell", refresh_open_panels)

@@ -1,8 +1,15 @@
-"""Policies on disk: pending ones (per kernel, across one restart) and the user's default.
+"""Policies on disk: pending ones (per kernel, across one restart) and the user's default, and the
+profile startup files that apply them.
 
-Files are plain JSON, written atomically with mode 0600. Reading never stops a kernel from
-starting: a missing file is no policy; a corrupt, foreign or unreadable one is a warning.
-Nothing is ever `eval`-ed or unpickled.
+Every file is read as hostile (`safefile`: regular files only, size cap, no blocking, this user's
+and private) and written atomically with mode 0600, never through a symbolic link and never over a
+file this project did not write. Reading never stops a kernel from starting: a missing file is no
+policy; an unusable one is a one-line `PolicyError` for the caller to show as a warning, and the
+file is left as it is. Nothing is ever `eval`-ed or unpickled.
+
+The IPython profile is shared by every Python environment of the user, so the startup files written
+here are silent and cheap wherever they have nothing to do: in an environment without tfgpu_magic,
+in terminal IPython, and in any kernel with nothing pending (one directory listing, no import).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import safefile
 from .errors import PolicyError, warn
 
 if TYPE_CHECKING:
@@ -22,6 +30,8 @@ if TYPE_CHECKING:
 FORMAT = "tfgpu_magic/policy/1"
 PENDING_PREFIX = "tfgpu-pending-"
 STALE_SECONDS = 24 * 3600
+"""A pending file older than this is removed even if its kernel's connection file is still there
+(a server that died without cleaning up)."""
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -38,114 +48,216 @@ def runtime_dir() -> Path:
 
 
 def write_policy(path: Path, policy: Policy, **extra: Any) -> None:
-    """Write `policy` (plus `extra` fields) as JSON, atomically, mode 0600."""
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write `policy` (plus `extra` fields) as JSON, atomically, mode 0600, in a folder created 0700."""
     data = {"format": FORMAT, "policy": policy.to_dict(), **extra}
-    fd, tmp = tempfile.mkstemp(prefix=".tfgpu-", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(data, out, indent=2)
-            out.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    safefile.write_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    """The JSON object of our policy file at `path`; None when there is no file. `PolicyError` (one
+    line naming the file) when it is not a regular private file of ours in our format."""
+    data = safefile.read_json(path, safefile.POLICY_BYTES, private=True)
+    if data is None:
+        return None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise PolicyError(f"{path} is not a tfgpu_magic policy file; ignoring it")
+    return data
 
 
 def read_policy(path: Path) -> Policy | None:
-    """The policy stored at `path`; None when there is no file.
-
-    A file that is there but unusable (corrupt, foreign, another user's, unreadable) is a one-line
-    `PolicyError` for the caller to show as a warning; the file itself is left as it is."""
+    """The policy stored at `path`; None when there is no file; `PolicyError` naming the file when
+    it is unusable (see `read_record`) or holds an invalid policy."""
     from .policy import Policy
 
-    try:
-        owner = path.stat().st_uid
-    except FileNotFoundError:
+    data = read_record(path)
+    if data is None:
         return None
-    except OSError as err:
-        raise PolicyError(f"unusable policy file {path}: {err}") from None
-    if owner != os.getuid():
-        raise PolicyError(f"policy file {path} belongs to another user")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise PolicyError("not a tfgpu_magic policy file")
         return Policy.from_dict(data.get("policy"))
-    except (OSError, ValueError) as err:  # PolicyError and JSONDecodeError are ValueErrors
-        raise PolicyError(f"unusable policy file {path}: {err}") from None
+    except (ValueError, RecursionError) as err:  # PolicyError is a ValueError
+        raise PolicyError(f"{path} holds an invalid policy: {err}") from None
 
 
-def pending_path(kernel_id: str, directory: Path | None = None) -> Path:
-    """Where the pending policy of kernel `kernel_id` is kept."""
-    return (directory or runtime_dir()) / f"{PENDING_PREFIX}{_SAFE_ID.sub('_', kernel_id)}.json"
+# ----- pending policies: one per kernel, across one restart ---------------------------------------
+def pending_path(kernel_key: str, directory: Path | None = None) -> Path:
+    """Where the pending policy of the kernel `kernel_key` (`startup.kernel_key`) is kept."""
+    return (directory or runtime_dir()) / f"{PENDING_PREFIX}{_SAFE_ID.sub('_', kernel_key)}.json"
 
 
-def store_pending(kernel_id: str, policy: Policy, directory: Path | None = None) -> Path:
-    """Keep `policy` for the next kernel started under `kernel_id`."""
-    path = pending_path(kernel_id, directory)
-    write_policy(path, policy, kernel_id=kernel_id, created=time.time())
+def store_pending(
+    kernel_key: str, policy: Policy, connection_file: Path | None = None, directory: Path | None = None
+) -> Path:
+    """Keep `policy` for the next kernel started on this kernel's connection file. Pending files of
+    kernels that are gone are removed first."""
+    directory = directory or runtime_dir()
+    clean_gone(directory)
+    path = pending_path(kernel_key, directory)
+    extra: dict[str, Any] = {"kernel_id": kernel_key, "created": time.time()}
+    if connection_file is not None:
+        extra["connection_file"] = str(connection_file)
+    write_policy(path, policy, **extra)
     return path
 
 
-def take_pending(kernel_id: str, directory: Path | None = None) -> Policy | None:
-    """The pending policy of `kernel_id`, removing the file; stale files of any kernel are cleaned.
-    `PolicyError` (file left in place) if the file is unusable."""
+def take_pending(kernel_key: str, directory: Path | None = None) -> Policy | None:
+    """The pending policy of `kernel_key`, removing its file; then pending files of kernels that are
+    gone are cleaned. `PolicyError` (file left in place) if the file is unusable."""
     directory = directory or runtime_dir()
-    clean_stale(directory)
-    path = pending_path(kernel_id, directory)
-    policy = read_policy(path)
-    if policy is None:
-        return None
+    path = pending_path(kernel_key, directory)
     try:
-        path.unlink()
-    except OSError as err:
-        warn(f"could not remove {path}: {err}")
-    return policy
+        policy = read_policy(path)
+        if policy is not None:
+            try:
+                path.unlink()
+            except OSError as err:
+                warn(f"could not remove {path}: {err}")
+        return policy
+    finally:
+        clean_gone(directory)
 
 
-def clean_stale(directory: Path, max_age: float = STALE_SECONDS) -> None:
-    """Remove our pending files older than `max_age` seconds (their kernel is long gone)."""
+def clean_gone(directory: Path, max_age: float = STALE_SECONDS) -> list[Path]:
+    """Remove the pending files of kernels that are gone: their connection file no longer exists, or
+    they are older than `max_age` seconds. Only files that are provably ours are touched: our name
+    prefix, a private regular file of this user, our format, and the key inside matching the name.
+    Returns the files removed."""
     now = time.time()
     try:
-        candidates = list(directory.glob(f"{PENDING_PREFIX}*.json"))
+        candidates = sorted(directory.glob(f"{PENDING_PREFIX}*.json"))
     except OSError:
-        return
+        return []
+    removed = []
     for path in candidates:
         try:
-            if path.stat().st_uid == os.getuid() and now - path.stat().st_mtime > max_age:
-                path.unlink()
+            record = read_record(path)
+        except PolicyError:
+            continue  # not ours, or unusable: shown as a warning to its own kernel, left as it is
+        if record is None or not _is_gone(path, record, now, max_age):
+            continue
+        try:
+            path.unlink()
         except OSError:
             continue
+        removed.append(path)
+    return removed
 
 
+def _is_gone(path: Path, record: dict[str, Any], now: float, max_age: float) -> bool:
+    key, created, connection = record.get("kernel_id"), record.get("created"), record.get("connection_file")
+    if not isinstance(key, str) or pending_path(key, path.parent).name != path.name:
+        return False  # our format, but not a file we named: leave it
+    if isinstance(connection, str) and not os.path.exists(connection):
+        return True
+    return isinstance(created, (int, float)) and now - created > max_age
+
+
+# ----- startup files in the IPython profile -----------------------------------------------------
 DEFAULT_NAME = "tfgpu_magic_default.json"
 AUTOLOAD_NAME = "50-tfgpu_magic.py"
 AUTOLOAD_MARKER = "# Written by `%tfgpu autoload on`; `%tfgpu autoload off` removes it."
-AUTOLOAD_CODE = f'{AUTOLOAD_MARKER}\nget_ipython().run_line_magic("load_ext", "tfgpu_magic")\n'
+AUTOLOAD_CODE = f'''{AUTOLOAD_MARKER}
+def _tfgpu_magic_autoload():
+    # This profile may be shared by Python environments without tfgpu_magic: stay silent there.
+    import importlib.util
+    import sys
 
+    if importlib.util.find_spec("tfgpu_magic") is None:
+        return
+    try:
+        get_ipython().run_line_magic("load_ext", "tfgpu_magic")
+    except Exception as err:  # a session must start whatever happens here
+        print(f"tfgpu_magic: {AUTOLOAD_NAME} could not load tfgpu_magic: {{err}}", file=sys.stderr)
+
+
+_tfgpu_magic_autoload()
+del _tfgpu_magic_autoload
+'''
 
 PENDING_STARTUP_NAME = "00-tfgpu_magic_pending.py"
 PENDING_STARTUP_MARKER = "# Written by `%tfgpu restart`: loads tfgpu_magic where a restart left a pending policy."
-PENDING_STARTUP_CODE = f"""{PENDING_STARTUP_MARKER}
-try:
-    from tfgpu_magic.startup import load_if_pending
-    load_if_pending(get_ipython())
-except Exception as err:  # a kernel must start whatever happens here
-    print(f"tfgpu_magic: could not apply the pending policy: {{err}}")
-"""
+PENDING_STARTUP_CODE = f'''{PENDING_STARTUP_MARKER}
+def _tfgpu_magic_pending():
+    # Runs in every session of this profile, in every Python environment: outside a kernel, or with
+    # no pending file in the runtime dir, it costs one directory listing and imports nothing.
+    import os
+    import sys
+
+    shell = get_ipython()
+    if getattr(shell, "kernel", None) is None:
+        return
+    try:
+        runtime = os.environ.get("JUPYTER_RUNTIME_DIR")
+        if not runtime:
+            from jupyter_core.paths import jupyter_runtime_dir
+
+            runtime = jupyter_runtime_dir()
+        if not any(name.startswith("{PENDING_PREFIX}") for name in os.listdir(runtime)):
+            return
+    except (ImportError, OSError):
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("tfgpu_magic") is None:
+        return
+    try:
+        from tfgpu_magic.startup import load_if_pending
+    except Exception as err:  # a kernel must start whatever happens here
+        print(f"tfgpu_magic: a policy is pending in {{runtime}} but tfgpu_magic cannot be imported: {{err}}", file=sys.stderr)
+        return
+    load_if_pending(shell)
 
 
-def set_pending_startup(profile_dir: str | Path) -> None:
-    """Make sure the profile's startup file that applies pending policies exists (it costs a kernel
-    one file check at start; the extension loads only where a policy is pending)."""
-    path = Path(profile_dir) / "startup" / PENDING_STARTUP_NAME
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(PENDING_STARTUP_CODE, encoding="utf-8")
+_tfgpu_magic_pending()
+del _tfgpu_magic_pending
+'''
+
+STARTUP_FILES = {PENDING_STARTUP_NAME: (PENDING_STARTUP_MARKER, PENDING_STARTUP_CODE),
+                 AUTOLOAD_NAME: (AUTOLOAD_MARKER, AUTOLOAD_CODE)}  # fmt: skip
+"""Our startup files: name → (the first line that proves we wrote one, its current code)."""
+STARTUP_BYTES = 64 << 10
+
+
+def startup_path(profile_dir: str | Path, name: str) -> Path:
+    return Path(profile_dir) / "startup" / name
+
+
+def _our_startup_text(path: Path, marker: str) -> str | None:
+    """The text of our startup file at `path`, None when there is none; `PolicyError` when something
+    else is there (a link, another program's file): we neither overwrite nor remove it."""
+    if path.is_symlink():
+        raise PolicyError(f"{path} is a symbolic link, not a file tfgpu_magic wrote; remove it by hand")
+    text = safefile.read_text(path, STARTUP_BYTES)
+    if text is not None and not text.startswith(marker + "\n"):
+        raise PolicyError(f"{path} exists and was not written by tfgpu_magic; remove it by hand")
+    return text
+
+
+def write_startup(profile_dir: str | Path, name: str) -> Path:
+    """Create our startup file `name`, or bring one an older version wrote up to date."""
+    marker, code = STARTUP_FILES[name]
+    path = startup_path(profile_dir, name)
+    if _our_startup_text(path, marker) != code:
+        safefile.write_atomic(path, code)
+    return path
+
+
+def upgrade_startup_files(profile_dir: str | Path) -> None:
+    """Rewrite, in place, startup files that an older version of this project wrote (same marker
+    line, other code): theirs may leak tracebacks into environments without tfgpu_magic. Anything
+    that is not ours is left alone; problems are not worth a warning here."""
+    for name in STARTUP_FILES:
+        path = startup_path(profile_dir, name)
+        if not path.is_file():  # the common case: one stat per file
+            continue
+        try:
+            write_startup(profile_dir, name)
+        except (PolicyError, OSError):
+            continue
+
+
+def set_pending_startup(profile_dir: str | Path) -> Path:
+    """Make sure the profile's startup file that applies pending policies exists and is current."""
+    return write_startup(profile_dir, PENDING_STARTUP_NAME)
 
 
 def default_path(profile_dir: str | Path) -> Path:
@@ -155,18 +267,15 @@ def default_path(profile_dir: str | Path) -> Path:
 
 def autoload_path(profile_dir: str | Path) -> Path:
     """The profile startup file that loads the extension in every new IPython or kernel."""
-    return Path(profile_dir) / "startup" / AUTOLOAD_NAME
+    return startup_path(profile_dir, AUTOLOAD_NAME)
 
 
 def set_autoload(profile_dir: str | Path, enable: bool) -> str:
     """Add or remove our startup file; other startup files and config stay untouched."""
     path = autoload_path(profile_dir)
-    ours = path.exists() and path.read_text(encoding="utf-8").startswith(AUTOLOAD_MARKER)
-    if path.exists() and not ours:
-        raise PolicyError(f"{path} exists and was not written by tfgpu_magic; remove it by hand")
+    ours = _our_startup_text(path, AUTOLOAD_MARKER) is not None
     if enable:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(AUTOLOAD_CODE, encoding="utf-8")
+        write_startup(profile_dir, AUTOLOAD_NAME)
         return f"Every new IPython session and kernel of this profile loads tfgpu_magic ({path})."
     if ours:
         path.unlink()

@@ -24,6 +24,12 @@ CUDA_ENV = ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES")
 """Read once, when CUDA starts (TensorFlow's first device listing)."""
 
 
+GROWTH_WITH_CAPS = "growth goes through TF_FORCE_GPU_ALLOW_GROWTH=true: TF refuses set_memory_growth on a limited GPU"
+GROWTH_WITH_CPU_SPLIT = "growth goes through TF_FORCE_GPU_ALLOW_GROWTH=true: any logical device makes TF drop it"
+"""Why growth is set through the environment (context.py `_compute_device_options` drops allow_growth
+once any virtual device exists; `GetAllowGrowthValue` in gpu_bfc_allocator.cc reads the variable)."""
+
+
 @dataclass(frozen=True)
 class Plan:
     """The steps that realise a policy, GPUs numbered as TensorFlow will number them."""
@@ -42,6 +48,8 @@ class Plan:
     """GPU references that cannot be mapped to a TensorFlow index here."""
     notes: tuple[str, ...] = ()
     """Things the user should know about how the policy is realised."""
+    locked_env: tuple[tuple[str, str | None, str | None, str], ...] = ()
+    """(name, current, wanted, why) of variables the plan wants changed that were read already."""
 
     @property
     def env_map(self) -> dict[str, str | None]:
@@ -147,20 +155,21 @@ def build_plan(
 
     growth = policy.growth
     has_virtual = bool(gpu_configs) or policy.cpu_devices is not None or logical_recorded
+    pool = policy.allocator == "async"
     if policy.growth is True and has_virtual:
         env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
         growth = None
-        notes.append(
-            "growth inside the memory caps through TF_FORCE_GPU_ALLOW_GROWTH=true: TensorFlow refuses "
-            "set_memory_growth together with logical devices, and drops growth once any exist"
-        )
+        if not pool:
+            notes.append(GROWTH_WITH_CAPS if gpu_configs else GROWTH_WITH_CPU_SPLIT)
     elif policy.growth is not None:
         env["TF_FORCE_GPU_ALLOW_GROWTH"] = None
-    if policy.allocator == "async":
+    if pool:
+        # GPUProcessState::GetGPUAllocator (gpu_process_state.cc): cuda_malloc_async replaces the BFC
+        # allocator; the limit becomes the pool's release threshold, shared by logical GPUs of one card.
         if policy.limits or policy.splits:
-            notes.append("with the async allocator (cuda_malloc_async) a memory limit is soft, not a hard cap")
+            notes.append("with cuda_malloc_async a memory limit is soft (the pool's release threshold), not a cap")
         if policy.growth is not None:
-            notes.append("with the async allocator memory growth is moot: it allocates on demand")
+            notes.append("with cuda_malloc_async memory growth is moot: the pool allocates on demand")
     for ref in unresolved:
         why = ("it is not among the GPUs CUDA will use" if is_index(aliases.get(ref, ref) if aliases else ref)
                else "a UUID needs the GPU inventory (or list it in `visible`)")

@@ -22,7 +22,20 @@ MAX_VIRTUAL_DEVICES = 64
 """Most logical devices one physical device may be split into."""
 
 MAX_GPU_INDEX = 255
-_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z][0-9A-Za-z/-]*$", re.IGNORECASE)
+
+MAX_GPU_ENTRIES = MAX_GPU_INDEX + 1
+"""Most entries in one GPU list: more than any machine has cards, small enough that
+`CUDA_VISIBLE_DEVICES` stays far below the kernel's limit on one environment string."""
+
+MAX_UUID_CHARS = 80
+"""Longest GPU/MIG UUID accepted: `MIG-GPU-<36>/<gi>/<ci>` is about 55 characters."""
+
+_UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z][0-9A-Za-z/-]*", re.IGNORECASE | re.ASCII)
+_MAX_DIGITS = 18
+"""Longest whole number (after leading zeros) ever turned into an `int`: far below Python's
+4,300-digit limit, far above any count, index or MiB this tool accepts."""
+MAX_WHOLE = 10**_MAX_DIGITS
+"""What `whole_number` gives for a longer number: larger than every limit, cheap to print."""
 
 
 def is_index(text: str) -> bool:
@@ -30,18 +43,57 @@ def is_index(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
+def whole_number(text: str) -> int | None:
+    """`text` as an int if it is an ASCII whole number, None otherwise. A number too long to be
+    meaningful gives `MAX_WHOLE` (out of every range) rather than Python's digit-limit ValueError."""
+    if not is_index(text):
+        return None
+    digits = text.lstrip("0") or "0"
+    return MAX_WHOLE if len(digits) > _MAX_DIGITS else int(digits)
+
+
 def is_uuid(text: str) -> bool:
-    """True for a GPU or MIG UUID, or a prefix of one (`GPU-8932f937`), in any case."""
-    return bool(_UUID.match(text))
+    """True for a GPU or MIG UUID, or a prefix of one (`GPU-8932f937`), in any case; ASCII only and
+    the whole text (no trailing newline)."""
+    return len(text) <= MAX_UUID_CHARS and _UUID.fullmatch(text) is not None
+
+
+def quote(value: object, limit: int = 40) -> str:
+    """`repr(value)` for an error message, shortened so a huge input is never echoed back whole
+    (and a huge int never reaches `repr`, which raises Python's digit-limit ValueError)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value) if -MAX_WHOLE < value < MAX_WHOLE else f"a number of about {len_digits(value):,} digits"
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[: limit - 12]!r}…{value[-8:]!r} ({len(value):,} characters)"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 8]}… ({len(text):,} characters)"
+
+
+def len_digits(value: int) -> int:
+    """About how many decimal digits `value` has, without `str()` (which refuses over 4,300)."""
+    return max(1, round(abs(value).bit_length() * 0.30103))
+
+
+def quote_number(number: int, text: str) -> str:
+    """`number` parsed from `text` (`whole_number`) for a message: the text itself, shortened, when
+    the number was too long to parse."""
+    return quote(number) if number < MAX_WHOLE else quote(text)
 
 
 def check_gpu_ref(ref: str) -> None:
     """`PolicyError` unless `ref` is a canonical GPU reference: an index or a GPU/MIG UUID."""
-    if is_index(ref) and int(ref) <= MAX_GPU_INDEX and ref == str(int(ref)):
+    number = whole_number(ref)
+    if number is not None and number <= MAX_GPU_INDEX and ref == str(number):
         return
     if is_uuid(ref):
         return
-    raise PolicyError(f"not a GPU reference: {ref!r}; expected an index (0) or a UUID (GPU-8932f937)")
+    raise PolicyError(f"not a GPU reference: {quote(ref)}; expected an index (0) or a UUID (GPU-8932f937)")
+
+
+def check_gpu_count(count: int, what: str) -> None:
+    """`PolicyError` if a GPU list is longer than any machine's (keeps every later step small)."""
+    if count > MAX_GPU_ENTRIES:
+        raise PolicyError(f"{what}: {count:,} GPUs listed; at most {MAX_GPU_ENTRIES}")
 
 
 @dataclass(frozen=True)
@@ -76,9 +128,14 @@ class Policy:
 
     def replace(self, **changes: Any) -> Policy:
         """A new policy with `changes`, validated (raises `PolicyError`, returns nothing on error)."""
-        new = dataclasses.replace(self, **changes)
+        new = self.edited(**changes)
         new.validate()
         return new
+
+    def edited(self, **changes: Any) -> Policy:
+        """A new policy with `changes`, not validated: the steps of a `%%tfgpu` cell may contradict
+        each other on the way, only the cell's result is validated."""
+        return dataclasses.replace(self, **changes)
 
     # ----- validation ----------------------------------------------------------------------
     def validate(self, aliases: Mapping[str, str] | None = None) -> None:
@@ -87,6 +144,8 @@ class Policy:
         `aliases` (GPU UUID → index, from the inventory) lets a GPU named by UUID in one place and by
         index in another count as the same card."""
         same = (lambda gpu: aliases.get(gpu, gpu)) if aliases else (lambda gpu: gpu)
+        for name, entries in (("visible", self.visible or ()), ("limits", self.limits), ("splits", self.splits)):
+            check_gpu_count(len(entries), name)
         limited = {same(gpu) for gpu, _ in self.limits}
         for ref in [*(self.visible or ()), *(g for g, _ in self.limits if g != ALL_GPUS), *(g for g, _ in self.splits)]:
             check_gpu_ref(ref)
@@ -103,24 +162,28 @@ class Policy:
                     f"(remove one: `limit off {gpu}` or `split off {gpu}`)"
                 )
         if self.cpu_devices is not None and not 1 <= self.cpu_devices <= MAX_VIRTUAL_DEVICES:
-            raise PolicyError(f"split cpu: COUNT must be 1 to {MAX_VIRTUAL_DEVICES}, got {self.cpu_devices}")
+            raise PolicyError(
+                f"split cpu: COUNT must be 1 to {MAX_VIRTUAL_DEVICES}, got {quote(self.cpu_devices)}"
+            )
         if self.allocator is not None and self.allocator not in ALLOCATORS:
-            raise PolicyError(f"allocator: expected one of {', '.join(ALLOCATORS)}, got {self.allocator!r}")
+            raise PolicyError(f"allocator: expected one of {', '.join(ALLOCATORS)}, got {quote(self.allocator)}")
         self._check_visible(same)
 
     def _check_visible(self, same: Callable[[str], str]) -> None:
         """No GPU twice in `visible`, and no limit or split on a GPU it hides."""
         if self.visible is None:
             return
-        visible = [same(gpu) for gpu in self.visible]
-        for gpu, card in zip(self.visible, visible):
-            if visible.count(card) > 1:
+        visible: set[str] = set()
+        for gpu in self.visible:
+            if same(gpu) in visible:
                 raise PolicyError(f"GPU {gpu} is listed twice in `visible`")
+            visible.add(same(gpu))
+        by_index = all(is_index(v) for v in visible)
         targets = [gpu for gpu, _ in self.limits if gpu != ALL_GPUS] + [gpu for gpu, _ in self.splits]
         for gpu in targets:
             if not self.visible:
                 raise PolicyError(f"GPU {gpu} has a limit or split but `visible none` hides every GPU")
-            if is_index(same(gpu)) and all(is_index(v) for v in visible) and same(gpu) not in visible:
+            if by_index and is_index(same(gpu)) and same(gpu) not in visible:
                 raise PolicyError(
                     f"GPU {gpu} has a limit or split but is not visible (visible: {','.join(self.visible)})"
                 )
@@ -151,6 +214,8 @@ class Policy:
         allocator = data.get("allocator")
         if visible is not None and not _is_str_list(visible):
             raise PolicyError("policy 'visible' must be null or a list of GPU references")
+        if isinstance(visible, list):
+            check_gpu_count(len(visible), "policy 'visible'")
         if growth is not None and not isinstance(growth, bool):
             raise PolicyError("policy 'growth' must be true, false or null")
         if cpu is not None and (isinstance(cpu, bool) or not isinstance(cpu, int)):
@@ -182,8 +247,9 @@ def sort_gpu_items(items: Any) -> tuple:
         gpu = item[0]
         if gpu == ALL_GPUS:
             return (0, 0, "")
-        if is_index(gpu):
-            return (1, int(gpu), "")
+        number = whole_number(gpu)
+        if number is not None:
+            return (1, number, "")
         return (2, 0, gpu)
 
     return tuple(sorted(items, key=key))
@@ -191,9 +257,9 @@ def sort_gpu_items(items: Any) -> tuple:
 
 def _check_mib(mib: Any, what: str) -> None:
     if isinstance(mib, bool) or not isinstance(mib, int):
-        raise PolicyError(f"{what}: size must be a whole number of MiB, got {mib!r}")
+        raise PolicyError(f"{what}: size must be a whole number of MiB, got {quote(mib)}")
     if not 1 <= mib <= MAX_MIB:
-        raise PolicyError(f"{what}: size must be 1 MiB to {MAX_MIB // 1024} GiB, got {mib} MiB")
+        raise PolicyError(f"{what}: size must be 1 MiB to {MAX_MIB // 1024} GiB, got {quote(mib)} MiB")
 
 
 def _is_str_list(value: Any) -> bool:
@@ -203,10 +269,13 @@ def _is_str_list(value: Any) -> bool:
 def _int_items(data: Any, name: str) -> list[tuple[str, int]]:
     if not isinstance(data, Mapping):
         raise PolicyError(f"policy '{name}' must be an object of GPU → MiB")
+    check_gpu_count(len(data), f"policy '{name}'")
     items = list(data.items())
     for gpu, mib in items:
         if not isinstance(gpu, str) or not gpu:
             raise PolicyError(f"policy '{name}' keys must be GPU references")
+        if gpu != ALL_GPUS:
+            check_gpu_ref(gpu)
         _check_mib(mib, f"{name} of GPU {gpu}")
     return items
 
@@ -214,6 +283,7 @@ def _int_items(data: Any, name: str) -> list[tuple[str, int]]:
 def _list_items(data: Any) -> list[tuple[str, list[int]]]:
     if not isinstance(data, Mapping):
         raise PolicyError("policy 'splits' must be an object of GPU → list of MiB")
+    check_gpu_count(len(data), "policy 'splits'")
     items = list(data.items())
     for gpu, sizes in items:
         if not isinstance(gpu, str) or not gpu or not isinstance(sizes, list):

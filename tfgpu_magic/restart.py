@@ -1,19 +1,28 @@
 """Restart this kernel and re-apply the policy in the new one: the only module that talks to Jupyter.
 
-Routes, in order (facts in DESIGN.md §3):
-1. a Jupyter server owns this kernel → `POST /api/kernels/{id}/restart` with that server's token;
-2. no server, but the kernel was started with `TFGPU_MAGIC_RESTART=exit` (a manager that restarts
-   dead kernels; such a manager cannot be detected from inside the kernel) → exit cleanly;
-3. otherwise (nbclient, VS Code, terminal IPython) → never kill the kernel; say what to do.
-The policy is stored as pending for this kernel id, and a startup file in the IPython profile loads
-the extension in the new kernel before it answers any cell; loading takes the pending policy. (An
-earlier design re-applied from a detached helper over the connection file; a cell sent right after
-the restart could beat it, which the startup file rules out.) Tokens are never printed or logged.
+Routes, in order (facts in DESIGN.md §3 and §7):
+1. `server`: a Jupyter server owns this kernel → `POST /api/kernels/{id}/restart` with its token;
+2. `exit`: the kernel was started with `TFGPU_MAGIC_RESTART=exit` (a manager that restarts dead
+   kernels, which cannot be detected from inside the kernel) → exit cleanly;
+3. `frontend`: any other kernel (nbclient, papermill, VS Code, plain jupyter_client) → never kill it;
+   say to restart it from the front end;
+4. `none`: terminal IPython (no kernel, nothing survives) → say to restart IPython.
+In every kernel the policy is stored as pending under the kernel's key (`startup.kernel_key`), and a
+startup file in the IPython profile loads the extension in the next kernel on the same connection
+file before it answers any cell; loading takes the pending policy.
+
+A server's token goes only to the server that owns this kernel, proven locally before any request:
+its `jpserver-<pid>.json` names a live process that is an ancestor of this kernel (the server
+started it, directly or through a kernelspec's wrapper), and the server then lists this kernel id.
+Requests go over loopback only (a server listening on every interface is reached at 127.0.0.1 or
+::1), never through a proxy, never following a redirect; for `https` the certificate is not checked
+(servers on loopback use self-signed ones) since the ancestor pid and the loopback port already
+identify the server. Tokens are never printed or logged.
 """
 
 from __future__ import annotations
 
-import json
+import ipaddress
 import os
 import sys
 import time
@@ -21,9 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import persist
+from . import persist, safefile
+from .errors import PolicyError, warn
 from .policy import Policy
-from .startup import current_kernel_id, on_next
+from .startup import connection_file, kernel_key, on_next, server_kernel_id
 
 RESTART_ENV = "TFGPU_MAGIC_RESTART"
 REQUEST_DELAY = 0.05
@@ -33,121 +43,241 @@ should reach the front end first."""
 OUTSIDE_CELL_DELAY = 0.3
 """The same, when the restart comes from a widget (a comm message, whose end has no event)."""
 HTTP_TIMEOUT = 3.0
+REPLY_BYTES = 1 << 20
+"""Largest server reply read."""
+ANCESTOR_DEPTH = 16
+WILDCARD_HOSTS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "localhost": "127.0.0.1", "::": "::1"}  # noqa: S104
+"""Server `hostname`s (its `--ip`) and the loopback address that reaches such a server here."""
+RESTARTING = "Restarting the kernel"
+RESTART_THREAD = "tfgpu_magic-restart"
+"""The name of the thread that asks the server for the restart (tests watch for it)."""
+TO_DO_FRONTEND = "restart the kernel from your front end (VS Code: Restart; nbclient, papermill: `restart_kernel()`)"
+"""What to do where nothing here can restart the kernel."""
 
 
 @dataclass(frozen=True)
 class Server:
-    """A Jupyter server that owns this kernel. `repr` hides the token."""
+    """A Jupyter server on loopback that owns this kernel. `repr` hides the token."""
 
     url: str
     token: str
+    pid: int
     hub_token: str = ""
 
     def __repr__(self) -> str:
-        return f"Server(url={self.url!r})"
+        return f"Server(url={self.url!r}, pid={self.pid})"
 
     def request(self, method: str, path: str) -> Any:
-        """An authenticated request; returns the decoded JSON reply (or None when empty).
-
-        Raises OSError (urllib's URLError is one) when the server cannot be reached or refuses."""
+        """An authenticated request; the decoded JSON reply (None when empty). No proxy, no
+        redirect. Raises OSError (urllib's URLError and HTTPError are ones) when the server cannot
+        be reached or refuses, `PolicyError` for a reply that is not sensible JSON."""
         import urllib.request  # not at import time: %load_ext must stay cheap
 
         request = urllib.request.Request(self.url.rstrip("/") + "/" + path.lstrip("/"), method=method)
         if self.token or self.hub_token:
-            request.add_header("Authorization", f"token {self.token or self.hub_token}")
+            request.add_unredirected_header("Authorization", f"token {self.token or self.hub_token}")
         if method == "POST":
             request.data = b"{}"
             request.add_header("Content-Type", "application/json")
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as reply:  # noqa: S310 (local URL)
-            body = reply.read()
-        return json.loads(body) if body else None
+        with _opener(self.url.startswith("https:")).open(request, timeout=HTTP_TIMEOUT) as reply:
+            body = reply.read(REPLY_BYTES + 1)
+        if len(body) > REPLY_BYTES:
+            raise PolicyError(f"the server at {self.url} sent a reply over {REPLY_BYTES} bytes")
+        try:
+            return safefile.loads(body.decode("utf-8"), f"the reply of the server at {self.url}") if body else None
+        except UnicodeDecodeError:
+            raise PolicyError(f"the server at {self.url} sent a reply that is not UTF-8") from None
+
+
+def _opener(https: bool) -> Any:
+    """A urllib opener of its own for each request: urllib's default one uses `http_proxy` (and keeps
+    the first proxy it saw for the life of the process) and follows redirects."""
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None  # the 3xx becomes an HTTPError: the token is never sent on
+
+    handlers: list[Any] = [urllib.request.ProxyHandler({}), NoRedirect()]
+    if https:
+        import ssl
+
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE  # loopback only; the server is identified by pid (module docstring)
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    return urllib.request.build_opener(*handlers)
 
 
 @dataclass(frozen=True)
 class Route:
-    """How this kernel can be restarted: `server`, `exit` or `none`, and why."""
+    """How this kernel can be restarted: `server`, `exit`, `frontend` or `none`, and why."""
 
     kind: str
     reason: str
     server: Server | None = None
 
+    @property
+    def restarts(self) -> bool:
+        """Whether taking this route brings a new kernel by itself."""
+        return self.kind in ("server", "exit")
+
+
+def ancestors(depth: int = ANCESTOR_DEPTH) -> list[int]:
+    """This process's parent, its parent, … (only the parent where /proc is missing)."""
+    pids = [os.getppid()]
+    while len(pids) < depth:
+        try:
+            stat = Path(f"/proc/{pids[-1]}/stat").read_text(encoding="ascii", errors="replace")
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        if parent <= 1:
+            break
+        pids.append(parent)
+    return pids
+
+
+def loopback_url(info: dict[str, Any]) -> str | None:
+    """The URL that reaches the server of `info` (a `jpserver-*.json`) over loopback; None when it
+    listens elsewhere only (a given remote or LAN address) or on a Unix socket."""
+    host, port, base = info.get("hostname"), info.get("port"), info.get("base_url") or "/"
+    if info.get("sock") or not isinstance(host, str) or not isinstance(base, str) or not base.startswith("/"):
+        return None
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        return None
+    host = WILDCARD_HOSTS.get(host, host)
+    try:
+        if not ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:  # a host name: where it points is not ours to trust
+        return None
+    netloc = f"[{host}]" if ":" in host else host
+    return f"{'https' if info.get('secure') is True else 'http'}://{netloc}:{port}{base}"
+
 
 def find_server(kernel_id: str, runtime_dir: Path | None = None) -> Server | None:
-    """The running Jupyter server that owns kernel `kernel_id`, from its `jpserver-*.json`."""
+    """The running Jupyter server that owns kernel `kernel_id` (see the module docstring). Files of
+    other or dead servers get no request; a broken file or reply is one warning line."""
     directory = runtime_dir or persist.runtime_dir()
+    lineage = set(ancestors())
     try:
-        infos = sorted(directory.glob("jpserver-*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+        infos = sorted(directory.glob("jpserver-*.json"))
     except OSError:
         return None
     for path in infos:
         try:
-            info = json.loads(path.read_text(encoding="utf-8"))
-            server = Server(str(info["url"]), str(info.get("token", "")), os.environ.get("JUPYTERHUB_API_TOKEN", ""))
-            server.request("GET", f"api/kernels/{kernel_id}")
-        except (OSError, ValueError, KeyError):
+            info = safefile.read_json(path, safefile.SERVER_INFO_BYTES, private=True)
+        except PolicyError as err:
+            warn(f"ignoring a Jupyter server file: {err}")
             continue
-        return server
+        if not isinstance(info, dict):
+            warn(f"ignoring {path}: not a Jupyter server file")
+            continue
+        pid = info.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid not in lineage:
+            continue  # a dead server, or one that did not start this kernel: it gets nothing
+        url = loopback_url(info)
+        if url is None:
+            warn(f"the Jupyter server of {path.name} is not reachable over loopback; its token is not sent")
+            continue
+        token = info.get("token")
+        server = Server(url, token if isinstance(token, str) else "", pid, os.environ.get("JUPYTERHUB_API_TOKEN", ""))
+        try:
+            reply = server.request("GET", f"api/kernels/{kernel_id}")
+        except (OSError, ValueError) as err:  # PolicyError is a ValueError
+            warn(f"the Jupyter server of {path.name} did not confirm this kernel: {_short(err)}")
+            continue
+        if isinstance(reply, dict) and reply.get("id") == kernel_id:
+            return server
     return None
 
 
-def choose_route(kernel_id: str | None) -> Route:
+def _short(err: BaseException) -> str:
+    return str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+
+
+def choose_route(shell: Any) -> Route:
     """The restart route for this kernel (see the module docstring)."""
-    if kernel_id is None:
-        return Route("none", "this is not a Jupyter kernel (terminal IPython): restart IPython yourself")
-    server = find_server(kernel_id)
+    if getattr(shell, "kernel", None) is None:
+        return Route("none", "this is terminal IPython, not a kernel: quit and start IPython again")
+    path = connection_file(shell)
+    if path is None:
+        return Route("none", "this kernel has no connection file, so nothing can carry the policy over")
+    kernel_id = server_kernel_id(path)
+    server = find_server(kernel_id) if kernel_id else None
     if server is not None:
         return Route("server", "the Jupyter server that owns this kernel restarts it", server)
     if os.environ.get(RESTART_ENV) == "exit":
         return Route("exit", f"{RESTART_ENV}=exit: the kernel exits and its manager starts it again")
-    return Route(
-        "none",
-        "no Jupyter server owns this kernel (nbclient, VS Code or another front end), so nothing "
-        "would bring it back: restart it from your front end",
-    )
+    return Route("frontend", "no Jupyter server owns this kernel, so nothing here can restart it")
 
 
 def restart_and_apply(shell: Any, policy: Policy) -> str:
     """Store `policy` for this kernel, restart it if something will bring it back, and say what happened."""
-    kernel_id = current_kernel_id(shell)
-    route = choose_route(kernel_id)
-    if kernel_id is None:
+    route = choose_route(shell)
+    path = connection_file(shell)
+    if route.kind == "none" or path is None:
         return f"Not restarted: {route.reason}. `%tfgpu export` gives the policy as code."
+    key = kernel_key(path)
     try:
         persist.set_pending_startup(shell.profile_dir.location)
-        persist.store_pending(kernel_id, policy)
-    except OSError as err:
+        persist.store_pending(key, policy, connection_file=path)
+    except (OSError, PolicyError) as err:
         return f"Not restarted: could not store the policy for the new kernel: {err}"
-    if route.kind == "none":
-        return f"Not restarted: {route.reason}. The policy is stored; `%load_ext tfgpu_magic` applies it there."
+    if route.kind == "frontend":
+        return (
+            f"Not restarted: {route.reason}.\nThe policy is stored: {TO_DO_FRONTEND}, "
+            "and it will be in force before the restarted kernel's first cell."
+        )
     if route.kind == "server":
         assert route.server is not None
-        server = route.server
-        after_this_request(shell, lambda delay: _request_restart(server, kernel_id, delay))
-    else:
-        shell.kernel.do_shutdown(True)
-    return "Restarting the kernel; the policy will be in force in the new kernel before your next cell."
+        server = route.server  # found for the server's kernel id, which is this kernel's key
+        when = "as this cell ends" if in_cell(shell) else "in a moment"
+        after_this_request(shell, lambda delay: _request_restart(shell, server, key, delay))
+        return (
+            f"{RESTARTING}: its Jupyter server (it confirmed it owns this kernel) is asked to restart it {when}; "
+            "the policy will be in force in the new kernel before your next cell."
+        )
+    shell.kernel.do_shutdown(True)
+    return f"{RESTARTING}: it exits now and its manager starts it again; the policy will be in force before your next cell."
+
+
+def in_cell(shell: Any) -> bool:
+    """Whether the request being handled is a cell (rather than, say, a widget's comm message)."""
+    header = (getattr(shell, "parent_header", None) or {}).get("header", {})
+    return header.get("msg_type") == "execute_request"
 
 
 def after_this_request(shell: Any, start: Callable[[float], None]) -> None:
     """Call `start(delay)` once the cell being run has finished, or at once (with a longer delay)
     when the request being handled is not a cell."""
-    header = (getattr(shell, "parent_header", None) or {}).get("header", {})
-    if header.get("msg_type") != "execute_request":
+    if not in_cell(shell):
         start(OUTSIDE_CELL_DELAY)
         return
 
     on_next(shell, "post_execute", lambda: start(REQUEST_DELAY))  # fires for silent cells too
 
 
-def _request_restart(server: Server, kernel_id: str, delay: float) -> None:
+def _request_restart(shell: Any, server: Server, kernel_id: str, delay: float) -> None:
     import threading
 
-    threading.Thread(target=_post_restart, args=(server, kernel_id, delay), daemon=True).start()
+    thread = threading.Thread(target=_post_restart, args=(shell, server, kernel_id, delay), name=RESTART_THREAD, daemon=True)
+    thread.start()
 
 
-def _post_restart(server: Server, kernel_id: str, delay: float) -> None:
+def _post_restart(shell: Any, server: Server, kernel_id: str, delay: float) -> None:
+    """Ask for the restart; if the server refuses, the kernel lives on: say so in its server's log now
+    and at the start of the next cell (the cell that asked has ended)."""
     time.sleep(delay)
     try:
         server.request("POST", f"api/kernels/{kernel_id}/restart")
-    except OSError as err:
-        print(f"tfgpu_magic: the server refused the restart: {err}", file=sys.__stderr__)
+    except (OSError, ValueError) as err:  # a refusal, or an odd reply (PolicyError is a ValueError)
+        if isinstance(err, ValueError):
+            return  # the server accepted (2xx); only its reply body was odd
+        message = (
+            f"tfgpu_magic: the kernel was NOT restarted: its Jupyter server refused ({_short(err)}). "
+            "The policy stays stored; restart the kernel from your front end to apply it."
+        )
+        print(message, file=sys.__stderr__)
+        on_next(shell, "pre_run_cell", lambda: print(message, file=sys.stderr))

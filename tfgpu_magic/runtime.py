@@ -7,14 +7,18 @@ TensorFlow's real rules (tests/fake_tf.py), and check the fake against real Tens
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 from .plan import Plan
 
 LOCKED_MARKER = "cannot be modified after"
 """Text of TensorFlow's RuntimeError when a device setting changes after initialization."""
+
+ASYNC_ALLOCATOR = "cuda_malloc_async"
 
 
 @dataclass(frozen=True)
@@ -23,17 +27,85 @@ class RuntimeState:
 
     imported: bool = False
     devices_listed: bool = False
-    """CUDA has started: `CUDA_*` variables set from now on have no effect."""
+    """TensorFlow listed its devices (CUDA has started)."""
     initialized: bool = False
     """The runtime exists: device settings are locked until the process ends."""
+    devices_created: str | None = None
+    """Which route created GPU devices outside the eager context (e.g. "`device_lib.list_local_devices()`
+    in In [3]"): the GPU allocators are fixed from then on, though `tf.config` still accepts changes."""
+    cuda_elsewhere: str | None = None
+    """Why CUDA looks started in this process before TensorFlow listed devices (another library,
+    or a route above): `CUDA_*` variables no longer take effect."""
+
+    @property
+    def cuda_fixed(self) -> bool:
+        """`CUDA_VISIBLE_DEVICES` / `CUDA_DEVICE_ORDER` were read already (CUDA reads them once)."""
+        return self.devices_listed or self.cuda_elsewhere is not None or self.devices_created is not None
+
+    @property
+    def gpu_memory_fixed(self) -> bool:
+        """The GPU allocators exist: growth, limits, splits and `TF_*` allocator variables are fixed."""
+        return self.initialized or self.devices_created is not None
 
     @property
     def label(self) -> str:
-        if not self.imported:
-            return "not imported"
         if self.initialized:
             return "initialized: device settings are locked until the kernel restarts"
-        return "imported, runtime not initialized: settings can still change"
+        if self.devices_created is not None:
+            return f"GPU devices created by {self.devices_created}: memory settings are fixed until restart"
+        if not self.imported:
+            base = "not imported"
+        else:
+            base = "imported, runtime not initialized: settings can still change"
+        if self.cuda_elsewhere is not None and not self.devices_listed:
+            return f"{base}, but CUDA already started ({self.cuda_elsewhere}): CUDA_* changes no longer take effect"
+        return base
+
+
+_created_by: str | None = None
+"""Process-wide, like TensorFlow's GPU allocators: the first route that created GPU devices."""
+
+
+def devices_created() -> str | None:
+    return _created_by
+
+
+def record_devices_created(route: str) -> None:
+    """Remember the first route that created GPU devices (`route` names it and the cell)."""
+    global _created_by
+    if _created_by is None:
+        _created_by = route
+
+
+def where() -> str:
+    """The input cell running now, read at call time (no per-cell hook), else 'outside IPython'.
+
+    The cell's number is the last stored input's: IPython stores the input before running it, while
+    `execution_count` moved from "this cell" (IPython 8) to "the next one" (IPython 9) during a cell."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    if shell is None:
+        return "outside IPython"
+    inputs = getattr(getattr(shell, "history_manager", None), "input_hist_parsed", None)
+    count = len(inputs) - 1 if isinstance(inputs, list) and len(inputs) > 1 else None
+    return f"in In [{count}]" if count is not None else "in IPython"
+
+
+CUDA_LIBRARIES = ("/libcuda.so",)
+"""The CUDA driver library: it is loaded when CUDA starts (cuInit reads `CUDA_*` then)."""
+
+
+def cuda_loaded(maps: str = "/proc/self/maps") -> str | None:
+    """Why CUDA looks started in this process (the driver library is mapped), None if it does not.
+
+    Read, not run (no GPU here): TensorFlow, PyTorch, JAX and CuPy load libcuda when CUDA starts,
+    not at import (TF: `GpuDriver::Init` in stream_executor/cuda/cuda_driver.cc via the dso loader)."""
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as file:
+            text = file.read()
+    except OSError:
+        return None
+    return "libcuda is loaded in this process" if any(lib in text for lib in CUDA_LIBRARIES) else None
 
 
 def runtime_state() -> RuntimeState:
@@ -43,17 +115,40 @@ def runtime_state() -> RuntimeState:
     test TensorFlow's own setters make, stable from 2.10 to 2.21). If they ever go away, the state
     reads as 'not initialized' and the setters' RuntimeError is caught instead (see `apply_plan`).
     """
+    created = devices_created()
     if "tensorflow" not in sys.modules:
-        return RuntimeState()
+        return RuntimeState(cuda_elsewhere=cuda_loaded())
     module = sys.modules.get("tensorflow.python.eager.context")
     context = module.context_safe() if module is not None and hasattr(module, "context_safe") else None
-    if context is None:
-        return RuntimeState(imported=True)
+    listed = context is not None and getattr(context, "_physical_devices", None) is not None
     return RuntimeState(
         imported=True,
-        devices_listed=getattr(context, "_physical_devices", None) is not None,
-        initialized=getattr(context, "_context_handle", None) is not None,
+        devices_listed=listed,
+        initialized=context is not None and getattr(context, "_context_handle", None) is not None,
+        devices_created=created,
+        cuda_elsewhere=None if listed else cuda_loaded(),
     )
+
+
+class LogicalSpec(NamedTuple):
+    """A `tf.config.LogicalDeviceConfiguration` as TensorFlow compares it: all three fields."""
+
+    memory_limit: int | None = None
+    priority: int | None = None
+    ordinal: int | None = None
+
+
+Logical = tuple["int | None | LogicalSpec", ...]
+"""A recorded logical configuration: each entry's memory limit, or the whole `LogicalSpec` when it
+carries a priority or ordinal (so a user's own such config never equals a plan's plain limits)."""
+
+
+def logical_entries(configs: Sequence[Any] | None) -> Logical | None:
+    """What `get_logical` returns for TensorFlow's recorded `LogicalDeviceConfiguration` list."""
+    if configs is None:
+        return None
+    specs = [LogicalSpec(*config) for config in configs]
+    return tuple(spec.memory_limit if spec[1:] == (None, None) else spec for spec in specs)
 
 
 class ConfigAPI(Protocol):
@@ -64,10 +159,38 @@ class ConfigAPI(Protocol):
     def name(self, device: Any) -> str: ...
     def get_growth(self, device: Any) -> bool | None: ...
     def set_growth(self, device: Any, enable: bool) -> None: ...
-    def get_logical(self, device: Any) -> tuple[int | None, ...] | None: ...
+    def get_logical(self, device: Any) -> Logical | None: ...
     def set_logical(self, device: Any, limits: Sequence[int | None]) -> None: ...
     def get_visible(self, kind: str) -> list[Any]: ...
     def set_visible(self, devices: list[Any], kind: str) -> None: ...
+    def details(self, device: Any) -> dict[str, Any]: ...
+    def getenv(self, name: str) -> str | None: ...
+    """The variable as TensorFlow's C++ side reads it (the process environment)."""
+    def errors(self) -> tuple[type[BaseException], ...]: ...
+    """TensorFlow's C++-side error types (`tf.errors.OpError`)."""
+    def new_session_config(self) -> Any: ...
+    """An empty `ConfigProto`."""
+    def device_routes(self) -> list[Route]: ...
+    """The module attributes that create devices outside the eager context."""
+    def record_devices_created(self, route: str) -> None: ...
+    """Remember (once, process-wide) that `route` created GPU devices; `state()` reports it."""
+
+
+@dataclass(frozen=True)
+class Route:
+    """A TensorFlow callable that creates devices (and so the process's GPU allocators) itself.
+
+    `position`/`keyword`: where its config argument is; `fill_default`: a missing config gets the
+    policy's (device_lib); else None stays None (a Session then uses the eager context's config,
+    which carries the policy). `gpus_created(result, args)` says whether GPU devices came of it."""
+
+    owner: Any
+    attribute: str
+    label: str
+    position: int
+    keyword: str
+    fill_default: bool
+    gpus_created: Callable[[Any, tuple], bool] = field(compare=False)
 
 
 class TensorFlowConfig:
@@ -94,9 +217,8 @@ class TensorFlowConfig:
     def set_growth(self, device: Any, enable: bool) -> None:
         self.tf.config.experimental.set_memory_growth(device, enable)
 
-    def get_logical(self, device: Any) -> tuple[int | None, ...] | None:
-        configs = self.tf.config.get_logical_device_configuration(device)
-        return None if configs is None else tuple(c.memory_limit for c in configs)
+    def get_logical(self, device: Any) -> Logical | None:
+        return logical_entries(self.tf.config.get_logical_device_configuration(device))
 
     def set_logical(self, device: Any, limits: Sequence[int | None]) -> None:
         make = self.tf.config.LogicalDeviceConfiguration
@@ -108,6 +230,39 @@ class TensorFlowConfig:
     def set_visible(self, devices: list[Any], kind: str) -> None:
         self.tf.config.set_visible_devices(devices, kind)
 
+    def details(self, device: Any) -> dict[str, Any]:
+        return self.tf.config.experimental.get_device_details(device)
+
+    def getenv(self, name: str) -> str | None:
+        return os.environ.get(name)
+
+    def errors(self) -> tuple[type[BaseException], ...]:
+        return (self.tf.errors.OpError,)
+
+    def new_session_config(self) -> Any:
+        return self.tf.compat.v1.ConfigProto()
+
+    def record_devices_created(self, route: str) -> None:
+        record_devices_created(route)
+
+    def device_routes(self) -> list[Route]:
+        try:
+            from tensorflow.python.client import device_lib, session
+        except ImportError:  # a TensorFlow without these private modules: nothing to wrap
+            return []
+
+        def listed_gpu(result: Any, args: tuple) -> bool:
+            return any(getattr(d, "device_type", "") == "GPU" for d in result or ())
+
+        def session_gpu(result: Any, args: tuple) -> bool:
+            return any(d.device_type == "GPU" for d in args[0].list_devices())
+
+        return [
+            Route(device_lib, "list_local_devices", "device_lib.list_local_devices()", 0, "session_config", True,
+                  listed_gpu),
+            Route(session.BaseSession, "__init__", "tf.compat.v1.Session()", 3, "config", False, session_gpu),
+        ]
+
 
 @dataclass(frozen=True)
 class Change:
@@ -118,6 +273,8 @@ class Change:
     desired: Any
     run: Callable[[], None] | None = field(repr=False, compare=False)
     """The `tf.config` call; None when TensorFlow has no call for it (`needs_restart`)."""
+    why: str = ""
+    """Why it cannot change any more, when that is not initialization."""
 
     @property
     def needs_restart(self) -> bool:
@@ -125,7 +282,7 @@ class Change:
         return self.run is None
 
     def describe(self) -> str:
-        return f"{self.what}: {show(self.current)} → {show(self.desired)}"
+        return f"{self.what}: {show(self.current)} → {show(self.desired)}" + (f" ({self.why})" if self.why else "")
 
 
 @dataclass
@@ -154,20 +311,41 @@ def show(value: Any) -> str:
     if isinstance(value, tuple) and value and all(v is None for v in value):
         return f"{len(value)} logical devices"
     if isinstance(value, tuple):
-        return " + ".join(f"{mib} MiB" for mib in value)
+        return " + ".join(_show_entry(entry) for entry in value)
     if isinstance(value, list):
         return ", ".join(map(str, value)) or "none"
     return str(value)
 
 
+def _show_entry(entry: int | None | LogicalSpec) -> str:
+    if not isinstance(entry, LogicalSpec):
+        return "one logical device" if entry is None else f"{entry} MiB"
+    extras = [f"{name} {value}" for name, value in zip(("priority", "ordinal"), entry[1:]) if value is not None]
+    return f"{_show_entry(entry.memory_limit)} ({', '.join(extras)})"
+
+
+def env_changes(plan: Plan) -> list[Change]:
+    """The plan's environment variables TensorFlow or CUDA already read (`Plan.locked_env`)."""
+    return [Change(name, current or "unset", target or "unset", None, why) for name, current, target, why in
+            plan.locked_env]
+
+
 def pending_changes(plan: Plan, api: ConfigAPI) -> tuple[list[Change], list[str]]:
     """Every `tf.config` call the plan needs that TensorFlow has not recorded yet, and notes."""
     gpus, cpus = api.devices("GPU"), api.devices("CPU")
-    changes = [
+    state = api.state()
+    gpu_changes = [
         *_visible_changes(plan, api, gpus),
-        *_logical_changes(plan, api, gpus, cpus),
-        *_growth_changes(plan, api, gpus, api.state().initialized),
+        *_logical_changes(plan, api, gpus, []),
+        *_growth_changes(plan, api, gpus, state.initialized),
     ]
+    if state.devices_created is not None and not state.initialized:
+        # GPUProcessState::GetGPUAllocator (gpu_process_state.cc) builds each GPU's allocator once per
+        # process and GpuIdManager keeps the first TF-to-CUDA id mapping: tf.config still accepts a
+        # change, but the GPUs will not follow it (a changed split even fails at initialization).
+        why = f"GPU devices were created by {state.devices_created}"
+        gpu_changes = [Change(c.what, c.current, c.desired, None, why) for c in gpu_changes]
+    changes = [*env_changes(plan), *gpu_changes, *_logical_changes(plan, api, [], cpus)]
     notes = []
     missing = sorted(i for i, _ in plan.gpu_configs if i is not None and i >= len(gpus))
     if missing:
@@ -200,7 +378,7 @@ def _logical_changes(plan: Plan, api: ConfigAPI, gpus: list[Any], cpus: list[Any
     for what, device, wanted in targets:
         recorded = api.get_logical(device)
         if recorded == wanted or (recorded is None and wanted == (None,)):
-            continue
+            continue  # as TF compares: a recorded priority or ordinal (a LogicalSpec entry) never equals
         if wanted is None:
             changes.append(Change(what, recorded, None, None))  # TF has no call to remove them
         else:
@@ -240,8 +418,15 @@ def apply_plan(plan: Plan, api: ConfigAPI | None = None) -> ApplyReport:
     api = api or TensorFlowConfig()
     report = ApplyReport(state=api.state())
     if not plan.has_tf_steps and not report.state.devices_listed:
+        report.locked = [change.describe() for change in env_changes(plan)]
         return report  # nothing for tf.config, and listing devices would start CUDA for nothing
-    changes, report.notes = pending_changes(plan, api)
+    tf_errors = api.errors()
+    try:
+        changes, report.notes = pending_changes(plan, api)
+    except tf_errors as err:  # C++ side, e.g. CUDA failing to start while listing devices
+        report.locked = [change.describe() for change in env_changes(plan)]
+        report.failed.append(f"listing TensorFlow's devices: TensorFlow said: {_first_line(err)}")
+        return report
     for change in changes:
         if report.state.initialized or change.run is None:
             report.locked.append(change.describe())
@@ -252,11 +437,17 @@ def apply_plan(plan: Plan, api: ConfigAPI | None = None) -> ApplyReport:
             if LOCKED_MARKER not in str(err):
                 raise
             report.locked.append(change.describe())
-        except ValueError as err:
-            report.failed.append(f"{change.describe()}: TensorFlow said: {err}")
+        except (ValueError, *tf_errors) as err:
+            report.failed.append(f"{change.describe()}: TensorFlow said: {_first_line(err)}")
         else:
             report.applied.append(change.describe())
     return report
+
+
+def _first_line(err: BaseException) -> str:
+    """TensorFlow's C++ errors carry multi-line context; the report keeps one line each."""
+    text = str(getattr(err, "message", None) or err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def recorded_settings(api: ConfigAPI | None = None) -> list[str]:
@@ -270,24 +461,32 @@ def recorded_settings(api: ConfigAPI | None = None) -> list[str]:
         return []
     lines = []
     visible = {api.name(d) for d in api.get_visible("GPU")}
+    # GPUProcessState::GetGPUAllocator (gpu_process_state.cc): under cuda_malloc_async the BFC allocator
+    # is not built, so allow_growth has no effect and a memory limit only sets the pool's release
+    # threshold (GpuCudaMallocAsyncAllocator, gpu_cudamallocasync_allocator.cc). Read, not run.
+    pool = api.getenv("TF_GPU_ALLOCATOR") == ASYNC_ALLOCATOR
     for gpu in api.devices("GPU"):
         hidden = "" if api.name(gpu) in visible else ", hidden"
         logical = api.get_logical(gpu)
-        lines.append(
-            f"{api.name(gpu)}: memory growth {show(api.get_growth(gpu))}, "
-            f"{'whole GPU' if logical is None else 'logical GPUs ' + show(logical)}{hidden}"
-        )
+        growth = "moot (cuda_malloc_async)" if pool else show(api.get_growth(gpu))
+        memory = "whole GPU" if logical is None else "logical GPUs " + show(logical)
+        lines.append(f"{api.name(gpu)}: memory growth {growth}, {memory}"
+                     f"{' (soft: the cuda_malloc_async pool is shared)' if pool and logical else ''}{hidden}")
+    shown = {api.name(d) for d in api.get_visible("CPU")}
     for cpu in api.devices("CPU")[:1]:
         logical = api.get_logical(cpu)
         lines.append(f"{api.name(cpu)}: {'one logical device' if logical is None else show(logical)}")
+        if api.name(cpu) not in shown:
+            lines.append(f"{api.name(cpu)}: hidden by set_visible_devices (not by this tool): the first op will fail "
+                         "with \"No CPU devices are available in this process\"; list the CPU as visible again "
+                         "before it")
     return lines
 
 
-def session_config(plan: Plan, api: TensorFlowConfig | None = None) -> Any:
+def session_config(plan: Plan, api: ConfigAPI | None = None) -> Any:
     """A `tf.compat.v1.ConfigProto` carrying the plan, for TF1-style `Session(config=...)`."""
     api = api or TensorFlowConfig()
-    tf = api.tf
-    config = tf.compat.v1.ConfigProto()
+    config = api.new_session_config()
     gpus = api.devices("GPU")
     if plan.visible_gpus is not None:
         config.gpu_options.visible_device_list = ",".join(str(i) for i in plan.visible_gpus)
@@ -300,3 +499,87 @@ def session_config(plan: Plan, api: TensorFlowConfig | None = None) -> Any:
     if plan.cpu_devices is not None:
         config.device_count["CPU"] = plan.cpu_devices
     return config
+
+
+# ----- routes that create devices outside the eager context ----------------------------------------
+def merge_session_config(user: Any | None, policy: Any | None, api: ConfigAPI) -> tuple[Any | None, str | None]:
+    """The config a route should create devices with, and a warning when the user's GPU options win.
+
+    The GPU options are taken as a whole (TF checks them together: virtual devices against
+    visible_device_list and per_process_gpu_memory_fraction in VerifyVirtualDeviceSettings,
+    gpu_device.cc); the CPU count is taken unless the user's config has one."""
+    if policy is None or user is None:
+        return (policy if user is None else user), None
+    merged = api.new_session_config()
+    merged.CopyFrom(user)
+    warning = None
+    wanted = policy.gpu_options.ListFields()
+    if wanted and not user.gpu_options.ListFields():
+        merged.gpu_options.CopyFrom(policy.gpu_options)
+    elif wanted and user.gpu_options != policy.gpu_options:
+        names = ", ".join(f.name for f, _ in user.gpu_options.ListFields())
+        warning = (f"the config's own gpu_options ({names}) win over the policy's for the GPU devices it creates; "
+                   "they stay fixed until restart")
+    if "CPU" in policy.device_count and "CPU" not in user.device_count:
+        merged.device_count["CPU"] = policy.device_count["CPU"]
+    return merged, warning
+
+
+WRAPPED = "__tfgpu_original__"
+"""Attribute on our wrappers holding the TensorFlow function they replace (idempotent, reversible)."""
+
+CALLERS = {"is_gpu_available": "tf.test.is_gpu_available()", "gpu_device_name": "tf.test.gpu_device_name()"}
+"""tf.test functions that call device_lib.list_local_devices() (framework/test_util.py), named in the state."""
+
+
+def install_routes(api: ConfigAPI, policy_config: Callable[[], Any | None]) -> None:
+    """Make every device-creating route use the policy (`policy_config()`, None for none) and record
+    that GPU devices were created. Re-installing replaces our wrapper; `uninstall_routes` undoes it."""
+    for route in api.device_routes():
+        current = getattr(route.owner, route.attribute, None)
+        if current is None:
+            continue
+        original = getattr(current, WRAPPED, current)
+        setattr(route.owner, route.attribute, _wrap(route, original, api, policy_config))
+
+
+def uninstall_routes(api: ConfigAPI) -> None:
+    """Put TensorFlow's own functions back."""
+    for route in api.device_routes():
+        current = getattr(route.owner, route.attribute, None)
+        if hasattr(current, WRAPPED):
+            setattr(route.owner, route.attribute, getattr(current, WRAPPED))
+
+
+def _wrap(route: Route, original: Callable, api: ConfigAPI, policy_config: Callable[[], Any | None]) -> Callable:
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        positional = len(args) > route.position
+        given = args[route.position] if positional else kwargs.get(route.keyword)
+        label = CALLERS.get(sys._getframe(1).f_code.co_name, route.label)
+        config = given
+        if given is not None or route.fill_default:
+            try:
+                policy = policy_config()
+            except Exception as err:  # the policy must never break the user's own call
+                print(f"tfgpu_magic: {label}: the policy was not passed on: {err}", file=sys.stderr)
+                policy = None
+            config, warning = merge_session_config(given, policy, api)
+            if warning:
+                print(f"tfgpu_magic: {label}: {warning}", file=sys.stderr)
+        if positional:
+            args = (*args[:route.position], config, *args[route.position + 1:])
+        elif config is not None:
+            kwargs[route.keyword] = config
+        try:
+            result = original(*args, **kwargs)
+        except api.errors() as err:  # C++ side, e.g. "Not enough GPUs to create virtual devices"
+            used = "its own config" if given is not None else "the policy's options"
+            print(f"tfgpu_magic: {label} could not create devices with {used}: {_first_line(err)}", file=sys.stderr)
+            raise
+        if api.state().devices_created is None and route.gpus_created(result, args):
+            api.record_devices_created(f"`{label}` {where()}")
+        return result
+
+    setattr(wrapper, WRAPPED, original)
+    return wrapper

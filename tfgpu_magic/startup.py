@@ -3,7 +3,12 @@
 Sources, later ones replacing earlier ones: the `default_policy` config, the saved default
 (`%tfgpu default save`), a tfgpu kernelspec's environment, a pending restart of this very kernel.
 This module is on the `%load_ext` path: it checks cheaply whether any source exists and imports
-the policy machinery only then.
+the policy machinery only then. Every source is read as hostile: a broken one is one warning line
+naming it, and the kernel starts.
+
+A kernel is known across a restart by its connection file, which every jupyter_client manager
+(servers, front ends, autorestarters, nbclient) reuses when it restarts a kernel: the server's
+kernel id where the file is named `kernel-<id>.json`, else a hash of the file's real path.
 """
 
 from __future__ import annotations
@@ -14,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import persist
-from .errors import PolicyError
 
 if TYPE_CHECKING:
     from .controller import Controller
@@ -22,30 +26,61 @@ if TYPE_CHECKING:
 
 POLICY_ENV = "TFGPU_MAGIC_POLICY"
 """Environment variable through which a tfgpu kernelspec hands its policy to the kernel."""
+SERVER_PREFIX, SERVER_SUFFIX = "kernel-", ".json"
+"""How a Jupyter server names a kernel's connection file: `kernel-<id>.json`."""
 
 
-def current_kernel_id(shell: Any) -> str | None:
-    """This kernel's id (from its connection file's name `kernel-<id>.json`), None outside a kernel."""
+def connection_file(shell: Any) -> Path | None:
+    """The real path of this kernel's connection file; None outside an ipykernel kernel."""
     if getattr(shell, "kernel", None) is None:
         return None
     try:
         from ipykernel.connect import get_connection_file
 
-        connection_file = get_connection_file()
-    except (ImportError, RuntimeError, OSError):
+        return Path(os.path.realpath(get_connection_file()))
+    except (ImportError, RuntimeError, OSError, AttributeError):
         return None
-    name = Path(connection_file).name
-    if not (name.startswith("kernel-") and name.endswith(".json")):
-        return None
-    return name[len("kernel-") : -len(".json")]
+
+
+def server_kernel_id(path: Path) -> str | None:
+    """The kernel id in a connection file named by a Jupyter server (`kernel-<id>.json`)."""
+    name = path.name
+    if name.startswith(SERVER_PREFIX) and name.endswith(SERVER_SUFFIX) and len(name) > len(SERVER_PREFIX + SERVER_SUFFIX):
+        return name[len(SERVER_PREFIX) : -len(SERVER_SUFFIX)]
+    return None
+
+
+def kernel_key(path: Path) -> str:
+    """What names the kernel on connection file `path` across restarts (see the module docstring)."""
+    kernel_id = server_kernel_id(path)
+    if kernel_id is not None:
+        return kernel_id
+    import hashlib
+
+    return "cf-" + hashlib.sha256(str(path).encode("utf-8", "surrogateescape")).hexdigest()[:24]
+
+
+def current_kernel_key(shell: Any) -> str | None:
+    """`kernel_key` of this kernel; None outside a kernel (terminal IPython) or without a connection file."""
+    path = connection_file(shell)
+    return None if path is None else kernel_key(path)
 
 
 def load_if_pending(shell: Any) -> None:
-    """Run from the profile's startup file (see `persist.set_pending_startup`): load the extension in
-    a kernel that a `%tfgpu restart` left a pending policy for, before any cell runs."""
-    kernel_id = current_kernel_id(shell)
-    if kernel_id is not None and persist.pending_path(kernel_id).exists():
+    """Run from the profile's startup file (`persist.PENDING_STARTUP_CODE`): load the extension in a
+    kernel that a `%tfgpu restart` left a pending policy for, before any cell runs. A policy that is
+    pending but cannot be applied is one line naming its file; the kernel starts regardless."""
+    persist.upgrade_startup_files(shell.profile_dir.location)
+    key = current_kernel_key(shell)
+    if key is None:
+        return
+    path = persist.pending_path(key)
+    if not path.exists() or "tfgpu_magic" in shell.extension_manager.loaded:
+        return
+    try:
         shell.run_line_magic("load_ext", "tfgpu_magic")
+    except Exception as err:  # noqa: BLE001 (a kernel must start whatever happens here)
+        print(f"tfgpu_magic: could not apply the pending policy {path}: {err}", file=sys.stderr)
 
 
 def say(shell: Any, text: str, warning: bool = False) -> None:
@@ -76,10 +111,11 @@ def startup_policy(
     controller_factory: Callable[[], Controller], configured: list[str], profile_dir: str, shell: Any
 ) -> tuple[Policy | None, list[str]]:
     """The policy this kernel starts with (None: no source), and one-line warnings."""
+    persist.upgrade_startup_files(profile_dir)
     default_file = persist.default_path(profile_dir)
-    kernel_id = current_kernel_id(shell)
-    pending_file = persist.pending_path(kernel_id) if kernel_id else None
-    if not (configured or default_file.exists() or os.environ.get(POLICY_ENV) or (pending_file and pending_file.exists())):
+    key = current_kernel_key(shell)
+    pending_file = persist.pending_path(key) if key else None
+    if not (configured or _present(default_file) or os.environ.get(POLICY_ENV) or (pending_file and _present(pending_file))):
         return None, []
 
     from .policy import Policy
@@ -91,7 +127,7 @@ def startup_policy(
         nonlocal policy
         try:
             found = read()
-        except (PolicyError, OSError) as err:
+        except (ValueError, OSError, RecursionError) as err:  # PolicyError is a ValueError
             warnings.append(f"ignoring the {source}: {err}")
             return
         if found is not None:
@@ -101,21 +137,22 @@ def startup_policy(
         attempt("configured default_policy", lambda: controller_factory().edit_policy(configured, Policy()))
     attempt("saved default", lambda: persist.read_policy(default_file))
     attempt("policy of this kernelspec", lambda: policy_from_env(os.environ))
-    if kernel_id is not None:
-        attempt("pending policy", lambda: persist.take_pending(kernel_id))
+    if key is not None:
+        attempt("pending policy", lambda: persist.take_pending(key))
     return policy, warnings
+
+
+def _present(path: Path) -> bool:
+    """Something is at `path` (a dangling link or a FIFO too: reading it then gives the warning)."""
+    return os.path.lexists(path)
 
 
 def policy_from_env(environ: Any) -> Policy | None:
     """The policy a tfgpu kernelspec put in the environment; `PolicyError` if malformed."""
-    import json
-
+    from . import safefile
     from .policy import Policy
 
     raw = environ.get(POLICY_ENV)
     if not raw:
         return None
-    try:
-        return Policy.from_dict(json.loads(raw))
-    except json.JSONDecodeError as err:
-        raise PolicyError(f"{POLICY_ENV} is not valid JSON: {err}") from None
+    return Policy.from_dict(safefile.loads(raw, POLICY_ENV))

@@ -1,0 +1,172 @@
+"""The import hook on a dummy `tensorflow` package written to a temp dir at the front of `sys.path`
+(fast: no real TensorFlow is imported in this process)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from tfgpu_magic import importhook
+
+PACKAGES = ("tensorflow", "fakekeras", "tfgpu_events", "user_code")
+FILES = {
+    "tfgpu_events.py": "log = []\nfail_body = False\n",
+    "tensorflow/__init__.py": (
+        "import tfgpu_events\n"
+        "if tfgpu_events.fail_body:\n"
+        "    raise ImportError('broken TensorFlow')\n"
+        "tfgpu_events.log.append('tensorflow body')\n"
+        "READY = True\n"
+    ),
+    "tensorflow/sub.py": "import tfgpu_events\ntfgpu_events.log.append('tensorflow.sub body')\n",
+    "fakekeras/__init__.py": "import tensorflow\nimport tfgpu_events\ntfgpu_events.log.append('keras body')\n",
+    "user_code.py": "import tensorflow\nimport tfgpu_events\ntfgpu_events.log.append('after import')\n",
+}
+
+
+def _forget() -> None:
+    for name in list(sys.modules):
+        if name.split(".")[0] in PACKAGES:
+            del sys.modules[name]
+
+
+@pytest.fixture
+def events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The dummy packages on `sys.path`; the list each of them (and the callbacks) append to."""
+    assert "tensorflow" not in sys.modules, "this process must not have TensorFlow"
+    for name, text in FILES.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import tfgpu_events
+
+    yield tfgpu_events.log
+    importhook.disarm()
+    _forget()
+
+
+def recorder(log: list[str], name: str = "callback") -> Callable[[], None]:
+    """A callback that logs itself, and that TensorFlow's package body has run when it is called."""
+
+    def callback() -> None:
+        log.append(name if getattr(sys.modules.get("tensorflow"), "READY", False) else f"{name} too early")
+
+    return callback
+
+
+def hooks() -> int:
+    """Hooks in `sys.meta_path`, counted by class name (a reload makes a second class of that name)."""
+    return sum(type(finder).__name__ == "TensorFlowImportHook" for finder in sys.meta_path)
+
+
+def test_callback_runs_right_after_the_package_body(events: list[str]) -> None:
+    """Before the importing code goes on: `import tensorflow` and the first op can share a cell."""
+    importhook.arm(recorder(events))
+    import user_code  # noqa: F401
+
+    assert events == ["tensorflow body", "callback", "after import"]
+
+
+def test_submodule_import_runs_the_callback_before_the_submodule(events: list[str]) -> None:
+    importhook.arm(recorder(events))
+    importlib.import_module("tensorflow.sub")
+    assert events == ["tensorflow body", "callback", "tensorflow.sub body"]
+
+
+def test_import_through_another_package(events: list[str]) -> None:
+    """`import keras` pulls TensorFlow in: the callback runs there too, before keras goes on."""
+    importhook.arm(recorder(events))
+    import fakekeras  # noqa: F401
+
+    assert events == ["tensorflow body", "callback", "keras body"]
+
+
+def test_hook_removes_itself_and_puts_the_loader_back(events: list[str]) -> None:
+    importhook.arm(recorder(events))
+    import tensorflow
+
+    assert not importhook.is_armed() and hooks() == 0
+    assert "exec_module" not in vars(tensorflow.__spec__.loader)
+    importlib.reload(tensorflow)  # a later load of the package runs no callback
+    assert events == ["tensorflow body", "callback", "tensorflow body"]
+
+
+def test_find_spec_leaves_the_hook_armed(events: list[str]) -> None:
+    """Asking whether TensorFlow exists is not importing it."""
+    importhook.arm(recorder(events))
+    assert importlib.util.find_spec("tensorflow") is not None
+    assert importhook.is_armed() and events == []
+    import tensorflow  # noqa: F401
+
+    assert events == ["tensorflow body", "callback"]
+
+
+def test_failing_callback_warns_and_the_import_works(events: list[str]) -> None:
+    def fail() -> None:
+        raise RuntimeError("boom")
+
+    importhook.arm(fail)
+    with pytest.warns(UserWarning, match="could not apply the GPU policy on import: boom"):
+        import tensorflow
+    assert tensorflow.READY and events == ["tensorflow body"]
+
+
+def test_failed_import_keeps_the_hook_for_the_next_try(events: list[str]) -> None:
+    import tfgpu_events
+
+    importhook.arm(recorder(events))
+    tfgpu_events.fail_body = True
+    with pytest.raises(ImportError, match="broken TensorFlow"):
+        import tensorflow  # noqa: F401
+    assert importhook.is_armed() and events == []
+    tfgpu_events.fail_body = False
+    import tensorflow  # noqa: F401, F811
+
+    assert events == ["tensorflow body", "callback"]
+
+
+def test_arm_twice_keeps_one_hook(events: list[str]) -> None:
+    importhook.arm(recorder(events, "first"))
+    importhook.arm(recorder(events, "second"))
+    assert hooks() == 1
+    import tensorflow  # noqa: F401
+
+    assert events == ["tensorflow body", "second"]
+
+
+@pytest.fixture
+def reloaded() -> Iterator[None]:
+    """`importlib.reload(importhook)` for the test; every hook is removed after it."""
+    yield
+    importhook.disarm()
+    assert hooks() == 0
+
+
+def test_reload_then_arm_leaves_one_hook(events: list[str], reloaded: None) -> None:
+    """A reload makes a new hook class; the hook of the old class must still be recognised, or two hooks
+    wrap one loader and each finds the other (`RecursionError` on `import tensorflow`)."""
+    importhook.arm(recorder(events, "old"))
+    importlib.reload(importhook)
+    importhook.arm(recorder(events, "new"))
+    assert hooks() == 1
+    import tensorflow  # noqa: F401
+
+    assert events == ["tensorflow body", "new"] and hooks() == 0
+
+
+def test_hook_from_before_a_reload_still_works_and_disarms(events: list[str], reloaded: None) -> None:
+    importhook.arm(recorder(events, "old"))
+    importlib.reload(importhook)
+    assert importhook.is_armed()
+    import tensorflow  # noqa: F401
+
+    assert events == ["tensorflow body", "old"] and hooks() == 0
+    importhook.arm(recorder(events, "again"))
+    importlib.reload(importhook)
+    importhook.disarm()
+    assert hooks() == 0

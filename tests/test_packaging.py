@@ -1,0 +1,282 @@
+"""The package as users get it: the wheel and sdist that `python -m build` makes from this source pass
+`twine check` and carry the LICENSE; installed into a fresh virtual environment (wheel, or `pip install -e`
+of a clone), `%load_ext tfgpu_magic` and `ipython_config.py`'s `c.InteractiveShellApp.extensions` work
+without TensorFlow.
+
+The build and the installs fetch setuptools, IPython, traitlets and ipywidgets from the package index
+(pip's cache is fine); they skip, with pip's message, when pip cannot download from it, and never for a
+failure with the index in reach. The oldest Python that python_requires admits is tried where this
+machine has it (on PATH or pyenv's); else those cases skip, saying so.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from kernels import isolated_env, quiet_env
+from kernels import HEAVY_MODULES
+
+from tfgpu_magic.status import RECORDED
+
+pytestmark = pytest.mark.packaging
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD_TIMEOUT = 240
+INSTALL_TIMEOUT = 300
+RUN_TIMEOUT = 60
+CONFIG_LINE = 'c.InteractiveShellApp.extensions = ["tfgpu_magic"]'
+"""The README's way to load the extension in every kernel of a profile."""
+HAS_MAGIC = "print('tfgpu' in get_ipython().magics_manager.magics['line'])"
+
+
+@dataclass(frozen=True)
+class Dists:
+    """What one `python -m build` made, and the source it made it from."""
+
+    source: Path
+    files: frozenset[str]
+    """The source's files, relative to it, as copied (before anything ran in it)."""
+    wheel: Path
+    sdist: Path
+
+
+def run(
+    argv: list[str | Path], *, timeout: float, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`argv` with its output captured; a timeout kills the child (subprocess.run does)."""
+    argv = [str(arg) for arg in argv]
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def index_unreachable(python: Path | str, where: Path, requirement: str) -> str | None:
+    """Why pip cannot download `requirement` from the package index, or None when it can: the one
+    reason these tests may skip (a failure with a reachable index is a failure)."""
+    probe = run([python, "-m", "pip", "download", "--no-deps", "--quiet", "-d", where / "probe", requirement],
+                timeout=INSTALL_TIMEOUT)
+    if probe.returncode == 0:
+        return None
+    last = [line for line in (probe.stderr + probe.stdout).splitlines() if line.strip()]
+    return f"pip cannot download {requirement!r} from the package index: {last[-1] if last else probe.returncode}"
+
+
+def check(
+    result: subprocess.CompletedProcess[str], python: Path | str, where: Path, requirement: str, what: str
+) -> None:
+    """Fail on a failed step, unless the package index is out of reach (then skip, saying so)."""
+    if result.returncode == 0:
+        return
+    reason = index_unreachable(python, where, requirement)
+    if reason:
+        pytest.skip(reason)
+    pytest.fail(f"{what} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+
+
+def build_requirement() -> str:
+    """The setuptools that pyproject.toml's [build-system] asks for (what isolation downloads)."""
+    found = re.search(r'requires\s*=\s*\[\s*"([^"]+)"', (ROOT / "pyproject.toml").read_text())
+    assert found, "pyproject.toml names no build requirement"
+    return found.group(1)
+
+
+def metadata() -> configparser.ConfigParser:
+    """setup.cfg, where the package metadata lives."""
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    return config
+
+
+def copy_source(dest: Path) -> frozenset[str]:
+    """Copy the files git knows (tracked, or new and not ignored) to `dest`, and name them: the build
+    sees this source and nothing else, and writes no build/ or dist/ into the checkout."""
+    listed = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, timeout=RUN_TIMEOUT)
+    if listed.returncode != 0:
+        pytest.skip(f"not a git checkout, so the source to package is unknown: {listed.stderr.strip()}")
+    # A file listed but deleted in the working tree is not part of the source.
+    files = frozenset(name for name in listed.stdout.split("\0") if name and (ROOT / name).is_file())
+    for name in files:
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, dest / name)
+    return files
+
+
+@pytest.fixture(scope="module")
+def dists(tmp_path_factory: pytest.TempPathFactory) -> Dists:
+    """The sdist, and the wheel built from it, as `python -m build` makes them for a release."""
+    tmp = tmp_path_factory.mktemp("packaging")
+    source = tmp / "source"
+    files = copy_source(source)
+    out = tmp / "dist"
+    built = run([sys.executable, "-m", "build", "--outdir", out, source], timeout=BUILD_TIMEOUT)
+    check(built, sys.executable, tmp, build_requirement(), "python -m build")
+    (wheel,) = out.glob("tfgpu_magic-*-py3-none-any.whl")
+    (sdist,) = out.glob("tfgpu_magic-*.tar.gz")
+    return Dists(source=source, files=files, wheel=wheel, sdist=sdist)
+
+
+def test_twine_check_passes(dists: Dists) -> None:
+    result = run([sys.executable, "-m", "twine", "check", "--strict", dists.wheel, dists.sdist], timeout=RUN_TIMEOUT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("PASSED") == 2, result.stdout
+
+
+def test_wheel_has_license_metadata_and_every_module(dists: Dists) -> None:
+    with zipfile.ZipFile(dists.wheel) as wheel:
+        names = set(wheel.namelist())
+        (info,) = {name.split("/")[0] for name in names if name.split("/")[0].endswith(".dist-info")}
+        licenses = [name for name in (f"{info}/licenses/LICENSE", f"{info}/LICENSE") if name in names]
+        assert licenses, f"no LICENSE in {sorted(names)}"
+        assert wheel.read(licenses[0]) == (dists.source / "LICENSE").read_bytes()
+        meta = wheel.read(f"{info}/METADATA").decode()
+    modules = {name for name in dists.files if name.startswith("tfgpu_magic/") and name.endswith(".py")}
+    assert modules <= names, f"missing from the wheel: {sorted(modules - names)}"
+    assert not [name for name in names if name.startswith("tests/")], "the tests are not part of the wheel"
+    fields = meta.split("\n\n", 1)[0].splitlines()
+    assert "License-Expression: BSD-3-Clause" in fields
+    assert "License-File: LICENSE" in fields
+    requires = metadata()["options"]["python_requires"].strip()
+    assert f"Requires-Python: {requires}" in fields
+    classifiers = {line.removeprefix("Classifier: ") for line in fields if line.startswith("Classifier: ")}
+    tested = f"Programming Language :: Python :: {sys.version_info.major}.{sys.version_info.minor}"
+    assert tested in classifiers, f"setup.cfg's classifiers should name {tested}: the suite runs on it"
+    assert not [c for c in classifiers if c.startswith("License ::")], "PEP 639: the expression, not a classifier"
+
+
+def test_sdist_is_the_whole_source(dists: Dists) -> None:
+    """A packager can build and test from the sdist alone: LICENSE, the package, the tests and their
+    support modules, the notebooks the tests execute."""
+    with tarfile.open(dists.sdist) as sdist:
+        top = sdist.getnames()[0].split("/")[0]
+        names = {name.removeprefix(f"{top}/") for name in sdist.getnames()}
+        assert "LICENSE" in names, sorted(names)
+        license_member = sdist.extractfile(f"{top}/LICENSE")
+        assert license_member is not None and license_member.read() == (dists.source / "LICENSE").read_bytes()
+    needed = {name for name in dists.files if name.split("/")[0] in ("tfgpu_magic", "tests", "notebooks")}
+    assert needed <= names, f"missing from the sdist: {sorted(needed - names)}"
+
+
+def oldest_python() -> str | None:
+    """An interpreter for the oldest Python that python_requires admits (on PATH, or pyenv's), if here."""
+    oldest = metadata()["options"]["python_requires"].strip().removeprefix(">=")
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates = [shutil.which(f"python{oldest}"), *sorted(pyenv.glob(f"versions/{oldest}.*/bin/python{oldest}"))]
+    for candidate in filter(None, candidates):  # a pyenv shim is on PATH even where it runs no such Python
+        probe = run([candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], timeout=RUN_TIMEOUT)
+        if probe.returncode == 0 and probe.stdout.strip() == oldest:
+            return str(candidate)
+    return None
+
+
+@dataclass(frozen=True)
+class Installed:
+    """A fresh virtual environment with tfgpu_magic installed the way a user does, and an IPython dir of
+    its own (so no profile of the machine is read or written)."""
+
+    venv: Path
+    home: Path
+    env: dict[str, str]
+    package_dir: Path
+    """Where `import tfgpu_magic` must come from: the venv's site-packages, or the clone (editable)."""
+
+    def ipython(self, code: str) -> subprocess.CompletedProcess[str]:
+        """`ipython -c CODE` in the venv, started from an empty folder (not the checkout)."""
+        argv: list[str | Path] = [self.venv / "bin" / "ipython", "--no-banner", "-c", code]
+        return run(argv, cwd=self.home, env=self.env, timeout=RUN_TIMEOUT)
+
+    @property
+    def profile(self) -> Path:
+        return Path(self.env["IPYTHONDIR"]) / "profile_default"
+
+
+HOW = {
+    "wheel": ("this", "wheel"),
+    "clone, pip install -e .": ("this", "editable"),
+    "wheel, oldest Python": ("oldest", "wheel"),
+}
+"""The README's ways to install: (which Python, what pip installs)."""
+
+
+@pytest.fixture(scope="module", params=list(HOW))
+def installed(
+    request: pytest.FixtureRequest, dists: Dists, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Installed]:
+    """`dists` installed into a fresh venv, as `HOW[request.param]` says."""
+    python_kind, how = HOW[request.param]
+    python = sys.executable
+    if python_kind == "oldest":
+        found = oldest_python()
+        if found is None:
+            pytest.skip("no interpreter here for the oldest Python that python_requires admits")
+        python = found
+    tmp = tmp_path_factory.mktemp("venv")
+    venv = tmp / "venv"
+    created = run([python, "-m", "venv", venv], timeout=INSTALL_TIMEOUT)
+    assert created.returncode == 0, created.stderr
+    vpython = venv / "bin" / "python"
+    target: list[str | Path] = [dists.wheel] if how == "wheel" else ["-e", dists.source]
+    result = run([vpython, "-m", "pip", "install", "--quiet", *target], timeout=INSTALL_TIMEOUT, cwd=tmp)
+    check(result, vpython, tmp, "ipython", f"pip install {how}")
+    home = tmp / "home"
+    home.mkdir()
+    env = quiet_env(**isolated_env(tmp / "jupyter"), PYTHONNOUSERSITE="1")
+    env.pop("PYTHONPATH", None)  # the venv sees its own site-packages only
+    where_to = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    located = run([vpython, "-c", where_to], cwd=home, env=env, timeout=RUN_TIMEOUT)
+    package_dir = (Path(located.stdout.strip()) if how == "wheel" else dists.source) / "tfgpu_magic"
+    yield Installed(venv=venv, home=home, env=env, package_dir=package_dir)
+    shutil.rmtree(tmp, ignore_errors=True)  # a venv is ~30 MB; pytest would keep the last three runs
+
+
+def test_load_ext_and_a_directive_work_without_tensorflow(installed: Installed) -> None:
+    code = "\n".join([
+        "%load_ext tfgpu_magic",
+        "%tfgpu growth on",
+        "import sys, tfgpu_magic",
+        "print('FROM', tfgpu_magic.__file__)",
+        f"print('HEAVY', sorted(set({list(HEAVY_MODULES)!r}) & set(sys.modules)))",
+    ])
+    result = installed.ipython(code)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert RECORDED in result.stdout.splitlines(), result.stdout
+    assert f"FROM {installed.package_dir / '__init__.py'}" in result.stdout, result.stdout
+    assert "HEAVY []" in result.stdout, "tensorflow, ipywidgets and pynvml stay unimported"
+    assert "Traceback" not in result.stdout + result.stderr, result.stdout + result.stderr
+
+
+def test_ipython_config_loads_the_extension_in_every_shell(installed: Installed) -> None:
+    installed.profile.mkdir(parents=True, exist_ok=True)
+    config = installed.profile / "ipython_config.py"
+    config.unlink(missing_ok=True)
+    without = installed.ipython(HAS_MAGIC)
+    assert without.returncode == 0 and without.stdout.strip() == "False", without.stdout + without.stderr
+    config.write_text(CONFIG_LINE + "\n")
+    try:
+        with_config = installed.ipython(HAS_MAGIC)
+    finally:
+        config.unlink()
+    assert with_config.returncode == 0, with_config.stdout + with_config.stderr
+    assert with_config.stdout.strip() == "True", with_config.stdout + with_config.stderr
+
+
+def test_autoload_loads_the_extension_in_the_next_shell(installed: Installed) -> None:
+    """The README's other way to load it everywhere, from the installed package (not this checkout)."""
+    turned_on = installed.ipython("%load_ext tfgpu_magic\n%tfgpu autoload on")
+    assert turned_on.returncode == 0, turned_on.stdout + turned_on.stderr
+    try:
+        next_shell = installed.ipython(HAS_MAGIC)
+    finally:
+        turned_off = installed.ipython("%tfgpu autoload off")
+    assert next_shell.stdout.strip() == "True", next_shell.stdout + next_shell.stderr
+    assert turned_off.returncode == 0, turned_off.stdout + turned_off.stderr
+    after = installed.ipython(HAS_MAGIC)
+    assert after.stdout.strip() == "False", after.stdout + after.stderr

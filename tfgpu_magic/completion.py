@@ -1,0 +1,99 @@
+"""Tab completion for `%tfgpu` lines and `%%tfgpu` cells: directive names, then the arguments that
+are a closed set (`on | off`, `bfc | async`, GPU indices of this machine, ...).
+
+Registered at `%load_ext` as an IPython completion matcher (API v2, IPython >= 8.6); the grammar
+is imported at the first Tab, not at load.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+IDENTIFIER = "tfgpu_magic"
+"""The matcher's name in `shell.Completer.custom_matchers` (and the `origin` of its completions)."""
+
+
+def register_completer(shell: Any, controller: Callable[[], Any]) -> None:
+    """Add the matcher to `shell`'s completer, replacing one from an earlier `%load_ext`."""
+    completer = getattr(shell, "Completer", None)
+    if completer is None or not hasattr(completer, "custom_matchers"):
+        return
+    try:
+        from IPython.core.completer import completion_matcher
+    except ImportError:  # IPython before 8.6: no matcher API v2, no completion
+        return
+
+    @completion_matcher(identifier=IDENTIFIER, api_version=2, priority=100)
+    def tfgpu_matcher(context: Any) -> dict[str, Any]:
+        return complete(context, controller)
+
+    completer.custom_matchers[:] = [
+        m for m in completer.custom_matchers if getattr(m, "matcher_identifier", None) != IDENTIFIER
+    ]
+    completer.custom_matchers.append(tfgpu_matcher)
+
+
+def complete(context: Any, controller: Callable[[], Any]) -> dict[str, Any]:
+    """Matcher API v2: completions for the word at the cursor when it is in a `%tfgpu` directive."""
+    from IPython.core.completer import SimpleCompletion
+
+    words = directive_words(context.full_text, context.cursor_line, context.text_until_cursor)
+    if words is None:
+        return {"completions": [], "suppress": False}
+    done, cell = words
+    prefix = "" if context.text_until_cursor[-1:].isspace() else (done.pop() if done else "")
+    found = [word for word in candidates(done, cell, controller) if word.lower().startswith(prefix.lower())]
+    return {
+        "completions": [SimpleCompletion(word, type="tfgpu") for word in found],
+        "suppress": bool(found),
+        "matched_fragment": prefix,
+    }
+
+
+def directive_words(full_text: str, cursor_line: int, before_cursor: str) -> tuple[list[str], bool] | None:
+    """The words of the directive up to the cursor and whether it is a cell line, or None when the
+    cursor is not in a `%tfgpu` line or in the body of a `%%tfgpu` cell."""
+    stripped = before_cursor.lstrip()
+    for magic in ("%tfgpu ", "tfgpu "):  # `tfgpu ...` works too where automagic is on
+        if stripped.startswith(magic):
+            return stripped[len(magic):].split(), False
+    first = full_text.lstrip().split("\n", 1)[0].strip()
+    if cursor_line > 0 and first == "%%tfgpu" and not stripped.startswith("#"):
+        return stripped.split(), True
+    return None
+
+
+def candidates(done: list[str], cell: bool, controller: Callable[[], Any]) -> Sequence[str]:
+    """What may come after the words `done`; empty where the next word is free (a size, a name)."""
+    from .grammar import ACTIONS, CHOICES, EDITS, GROWTH_CHOICES
+    from .policy import ALLOCATORS
+
+    if not done:
+        return EDITS if cell else EDITS + ACTIONS
+    head, count = done[0].lower(), len(done)
+    if count == 1 and head in CHOICES:
+        return CHOICES[head]
+    table: dict[tuple[str, int], Callable[[], Sequence[str]]] = {
+        ("growth", 1): lambda: GROWTH_CHOICES,
+        ("allocator", 1): lambda: tuple(ALLOCATORS),
+        ("limit", 1): lambda: ("off",),
+        ("limit", 2): lambda: gpu_indices(controller),
+        ("visible", 1): lambda: ("all", "none", "auto", *gpu_indices(controller)),
+        ("split", 1): lambda: ("cpu", "off", *gpu_indices(controller)),
+        ("split", 2): lambda: ("cpu", *gpu_indices(controller)) if done[1].lower() == "off" else (),
+        ("restart", 1): lambda: ("--yes",),
+    }
+    if head == "kernelspec" and count >= 2 and not cell:
+        return ("--display-name", "--remove")
+    found = table.get((head, count))
+    return found() if found is not None else ()
+
+
+def gpu_indices(controller: Callable[[], Any]) -> list[str]:
+    """This machine's GPU indices where the inventory is available. The inventory checks for a driver
+    before it imports NVML, so on a machine without one this imports nothing."""
+    try:
+        inventory = controller().inventory()
+    except Exception:  # completion must never raise into the user's Tab  # noqa: BLE001
+        return []
+    return [gpu.ref for gpu in inventory.gpus] if inventory.available else []
