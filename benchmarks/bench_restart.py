@@ -38,7 +38,7 @@ TIMEOUT = 60.0
 POLICY_IN_FORCE = (
     "'tfgpu_magic' in get_ipython().extension_manager.loaded"
     " and __import__('tfgpu_magic').current_policy().cpu_devices == 2"
-    " and __import__('tfgpu_magic.importhook').importhook.is_armed()"
+    " and __import__('tfgpu_magic.tf.importhook').tf.importhook.is_armed()"
 )
 
 

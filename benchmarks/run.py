@@ -165,7 +165,7 @@ with quiet():
     shell.run_line_magic("load_ext", "tfgpu_magic")
     t = clock()
     from tfgpu_magic.controller import get_controller
-    from tfgpu_magic.panel import Panel
+    from tfgpu_magic.views.panel import Panel
     display(Panel(get_controller()).widget)
     seconds = clock() - t
 emit(seconds=seconds)

@@ -8,7 +8,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 from shells import loaded_shell
 
-from tfgpu_magic import importhook
+from tfgpu_magic.tf import importhook
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """`FakeNvml`: a stand-in for the `pynvml` module, passed at the inventory's one chokepoint,
-`tfgpu_magic.inventory.Nvml(module=FakeNvml(...))`.
+`tfgpu_magic.gpus.inventory.Nvml(module=FakeNvml(...))`.
 
 It mirrors the shapes of nvidia-ml-py 13 (checked against the real module in tests/test_inventory.py):
 memory in bytes on an object with `total`/`free`/`used`, `.gpu` utilization, `.busId` as bytes (a

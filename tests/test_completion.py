@@ -14,10 +14,10 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import tfgpu_magic
 from fake_nvml import FakeNvml, four_gpus
-from tfgpu_magic import completion
+from tfgpu_magic.views import completion
 from tfgpu_magic.controller import Controller
-from tfgpu_magic.inventory import Inventory, InventoryCatalog, Nvml, read_inventory
-from tfgpu_magic.plan import OUR_ENV
+from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog, Nvml, read_inventory
+from tfgpu_magic.tf.plan import OUR_ENV
 
 
 def complete(shell, text: str) -> list[str]:  # noqa: ANN001
@@ -52,7 +52,7 @@ def test_completes_directives_and_closed_argument_sets(shell, text: str, offered
 
 
 def test_all_directives_on_an_empty_line_and_only_edits_in_a_cell(shell) -> None:  # noqa: ANN001
-    from tfgpu_magic.grammar import ACTIONS, EDITS
+    from tfgpu_magic.language.grammar import ACTIONS, EDITS
 
     assert complete(shell, "%tfgpu ") == sorted(EDITS + ACTIONS)
     assert complete(shell, "%%tfgpu\n") == sorted(EDITS)

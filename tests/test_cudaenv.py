@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fake_nvml import MIG_UUIDS, UUIDS
-from tfgpu_magic.cudaenv import parse_cuda_visible
+from tfgpu_magic.gpus.cudaenv import parse_cuda_visible
 
 KNOWN = {"0", "1", "2", "3", *UUIDS, *MIG_UUIDS}
 """What exists on the standard four-GPU machine of tests/fake_nvml.py."""
@@ -121,8 +121,8 @@ def test_entries_are_a_clean_prefix(tokens: list[str]) -> None:
 )
 def test_status_shows_cuda_visible_devices_resolved(raw: str, line: str) -> None:
     """The status shows an inherited `CUDA_VISIBLE_DEVICES` the way CUDA will read it."""
-    from tfgpu_magic.inventory import Inventory
-    from tfgpu_magic.status import describe_cuda_visible
+    from tfgpu_magic.gpus.inventory import Inventory
+    from tfgpu_magic.views.status import describe_cuda_visible
 
     assert describe_cuda_visible(raw, Inventory(error="no NVML")) == [line]
     assert describe_cuda_visible(None, Inventory(error="no NVML")) == []
@@ -130,8 +130,8 @@ def test_status_shows_cuda_visible_devices_resolved(raw: str, line: str) -> None
 
 def test_status_checks_cuda_visible_devices_against_real_gpus() -> None:
     """With an inventory, an index that does not exist is where CUDA stops."""
-    from tfgpu_magic.inventory import Gpu, Inventory
-    from tfgpu_magic.status import describe_cuda_visible
+    from tfgpu_magic.gpus.inventory import Gpu, Inventory
+    from tfgpu_magic.views.status import describe_cuda_visible
 
     inventory = Inventory(gpus=(Gpu(0, "GPU-aaaa"), Gpu(1, "GPU-bbbb")))
     assert describe_cuda_visible("1,5,0", inventory) == [
@@ -162,8 +162,8 @@ def test_long_lists_parse_in_linear_time() -> None:
 
 
 def test_status_quotes_a_huge_value_by_excerpt() -> None:
-    from tfgpu_magic.inventory import Inventory
-    from tfgpu_magic.status import describe_cuda_visible
+    from tfgpu_magic.gpus.inventory import Inventory
+    from tfgpu_magic.views.status import describe_cuda_visible
 
     raw = ",".join(str(n % 200) for n in range(100)) + ",x" * 100_000
     (line,) = describe_cuda_visible(raw, Inventory(error="no NVML"))

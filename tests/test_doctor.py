@@ -18,13 +18,14 @@ from IPython.terminal.interactiveshell import TerminalInteractiveShell
 from IPython.testing import tools
 
 from fake_nvml import NVML_ERROR_DRIVER_NOT_LOADED, FakeNvml, four_gpus
-from tfgpu_magic import doctor, importhook
+from tfgpu_magic.gpus import doctor
+from tfgpu_magic.tf import importhook
 from tfgpu_magic.controller import Controller
-from tfgpu_magic.doctor import FAIL, INFO, OK, WARN, Machine
-from tfgpu_magic.inventory import Inventory, Nvml, driver_present, read_inventory
-from tfgpu_magic.magics import TFGPUMagics
-from tfgpu_magic.policy import Policy
-from tfgpu_magic.runtime import RuntimeState
+from tfgpu_magic.gpus.doctor import FAIL, INFO, OK, WARN, Machine
+from tfgpu_magic.gpus.inventory import Inventory, Nvml, driver_present, read_inventory
+from tfgpu_magic.views.magics import TFGPUMagics
+from tfgpu_magic.language.policy import Policy
+from tfgpu_magic.tf.runtime import RuntimeState
 
 CUDA_BUILD = ("build_info = collections.OrderedDict([('is_cuda_build', True), ('cuda_version', '12.5'), "
               "('cudnn_version', '9')])")

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from fake_tf import FakeTF, PhysicalDevice
-from tfgpu_magic.plan import build_plan
-from tfgpu_magic.policy import Policy
-from tfgpu_magic.runtime import LogicalSpec, TensorFlowConfig, apply_plan, install_routes, session_config
+from tfgpu_magic.tf.plan import build_plan
+from tfgpu_magic.language.policy import Policy
+from tfgpu_magic.tf.runtime import LogicalSpec, TensorFlowConfig, apply_plan, install_routes, session_config
 
 pytestmark = pytest.mark.tensorflow
 

@@ -15,11 +15,12 @@ from typing import Callable
 import pytest
 
 from fake_tf import FakeTF, InForce, SeamMisuse, cuda_visible_ids, fake_uuid
-from tfgpu_magic import importhook, status
+from tfgpu_magic.tf import importhook
+from tfgpu_magic.views import status
 from tfgpu_magic.controller import Controller
-from tfgpu_magic.inventory import Gpu, Inventory, InventoryCatalog
-from tfgpu_magic.plan import Plan
-from tfgpu_magic.runtime import ApplyReport, apply_plan, where
+from tfgpu_magic.gpus.inventory import Gpu, Inventory, InventoryCatalog
+from tfgpu_magic.tf.plan import Plan
+from tfgpu_magic.tf.runtime import ApplyReport, apply_plan, where
 
 GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"
 STARTS = ("before import", "imported", "devices listed")
@@ -587,7 +588,7 @@ def test_session_without_config_uses_the_eager_context_config() -> None:
 
 def test_route_wrappers_are_idempotent_and_reversible() -> None:
     """Applying twice wraps once; `uninstall_routes` puts TensorFlow's own functions back."""
-    from tfgpu_magic.runtime import WRAPPED, uninstall_routes
+    from tfgpu_magic.tf.runtime import WRAPPED, uninstall_routes
 
     fake, ctl = routed(1, "growth on")
     original = fake.device_lib.list_local_devices
@@ -654,7 +655,7 @@ def test_users_own_logical_config_with_priority_is_not_identical() -> None:
     """GPU-only, decided by the fake (context.py compares LogicalDeviceConfiguration lists with ==):
     the user's `[LogicalDeviceConfiguration(1024, experimental_priority=-1)]` is not the policy's
     `limit 1GB 0`: after init it is reported locked instead of "already in force"."""
-    from tfgpu_magic.runtime import LogicalSpec
+    from tfgpu_magic.tf.runtime import LogicalSpec
 
     fake, ctl = session(1)
     fake.set_user_logical(_gpu(fake, 0), [LogicalSpec(1024, -1)])
@@ -708,7 +709,7 @@ def test_locked_allocator_variables_agree_between_message_and_status() -> None:
 ])
 def test_cuda_loaded_reads_the_process_maps(tmp_path, maps: str | None, says: str | None) -> None:  # noqa: ANN001
     """libcuda mapped means CUDA started; the runtime (libcudart) alone does not; no maps file: unknown."""
-    from tfgpu_magic.runtime import cuda_loaded
+    from tfgpu_magic.tf.runtime import cuda_loaded
 
     path = tmp_path / "maps"
     if maps is not None:
@@ -743,7 +744,7 @@ shell = InteractiveShell.instance()
 setup = '''
 from fake_tf import FakeTF
 from tfgpu_magic.controller import Controller
-from tfgpu_magic.inventory import Inventory, InventoryCatalog
+from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog
 fake = FakeTF(1)
 ctl = Controller(api=fake, environ={}, catalog=InventoryCatalog(Inventory()))
 ctl.apply()
@@ -779,7 +780,7 @@ def test_split_policy_survives_device_lib_then_first_op() -> None:
 
 def test_a_failing_policy_never_breaks_the_users_device_lib_call(capsys: pytest.CaptureFixture) -> None:
     """If building the policy's config fails, device_lib still runs (TF's default) and one line says so."""
-    from tfgpu_magic.runtime import install_routes
+    from tfgpu_magic.tf.runtime import install_routes
 
     fake = FakeTF(1)
 

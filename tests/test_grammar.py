@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from cases import HASH_IN_WORD, HUGE, HUGE_LISTS, HUGE_NUMBERS, NON_ASCII, params
 from strategies import FUZZ_EXAMPLES, directive_lines
 from tfgpu_magic.errors import PolicyError
-from tfgpu_magic.grammar import Action, Edit, parse_cell, parse_line
-from tfgpu_magic.policy import Policy
+from tfgpu_magic.language.grammar import Action, Edit, parse_cell, parse_line
+from tfgpu_magic.language.policy import Policy
 
 RICH = Policy(
     visible=("0", "1", "2"),

@@ -19,9 +19,10 @@ from typing import Any, Callable, Iterator
 import pytest
 from servers import KernelConnection, isolated_jupyter, standalone_kernel, wait_until, write_server_file
 
-from tfgpu_magic import persist, restart, safefile, startup
+from tfgpu_magic.jupyter import persist, restart, startup
+from tfgpu_magic import safefile
 from tfgpu_magic.errors import PolicyError
-from tfgpu_magic.policy import Policy
+from tfgpu_magic.language.policy import Policy
 
 DEEP = "[" * 30_000 + "]" * 30_000
 """Nested far beyond Python's recursion limit, yet under every size cap (60 KB)."""
@@ -173,10 +174,10 @@ def test_pending_startup_file_not_written_over_a_stranger(tmp_path: Path):
 
 
 # ----- in a real kernel: what `%load_ext` does with hostile pending and default files ------------------
-LOAD = "from tfgpu_magic.magics import load as _load\n_magics = _load(get_ipython())"
+LOAD = "from tfgpu_magic.views.magics import load as _load\n_magics = _load(get_ipython())"
 """What `%load_ext tfgpu_magic` runs (the module is loaded already, so it is called directly)."""
 PATHS = (
-    "import tfgpu_magic.persist as _p, tfgpu_magic.startup as _s\n"
+    "import tfgpu_magic.jupyter.persist as _p, tfgpu_magic.jupyter.startup as _s\n"
     "print(_p.pending_path(_s.current_kernel_key(get_ipython())))\n"
     "print(_p.default_path(get_ipython().profile_dir.location))"
 )

@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from tfgpu_magic import importhook
+from tfgpu_magic.tf import importhook
 
 PACKAGES = ("tensorflow", "fakekeras", "tfgpu_events", "user_code")
 FILES = {

@@ -16,14 +16,15 @@ import pytest
 
 import fake_nvml
 from fake_nvml import MIG_UUIDS, OTHER_PID, UUIDS, FakeGpu, FakeNvml, four_gpus
-from tfgpu_magic import importhook, inventory as inventory_module
+from tfgpu_magic.tf import importhook
+from tfgpu_magic.gpus import inventory as inventory_module
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.errors import PolicyError
-from tfgpu_magic.grammar import Edit, parse_gpu, parse_line
-from tfgpu_magic.inventory import GpuProcess, Inventory, InventoryCatalog, MigDevice, Nvml, read_inventory
-from tfgpu_magic.plan import build_plan, tf_index
-from tfgpu_magic.policy import Policy
-from tfgpu_magic.status import describe_gpus, describe_policy, describe_status
+from tfgpu_magic.language.grammar import Edit, parse_gpu, parse_line
+from tfgpu_magic.gpus.inventory import GpuProcess, Inventory, InventoryCatalog, MigDevice, Nvml, read_inventory
+from tfgpu_magic.tf.plan import build_plan, tf_index
+from tfgpu_magic.language.policy import Policy
+from tfgpu_magic.views.status import describe_gpus, describe_policy, describe_status
 
 pynvml = importlib.import_module("pynvml") if importlib.util.find_spec("pynvml") else None
 needs_pynvml = pytest.mark.skipif(pynvml is None, reason="compares the fake with nvidia-ml-py, which is not installed")

@@ -25,7 +25,7 @@ from IPython.core.error import UsageError
 from jupyter_client.kernelspec import KernelSpecManager
 
 from servers import JupyterEnv, free_port, isolated_jupyter, stop_pids, wait_until
-from tfgpu_magic.kernelspec import MARKER
+from tfgpu_magic.jupyter.kernelspec import MARKER
 
 REPO = Path(__file__).resolve().parent.parent
 NAME = "notes"

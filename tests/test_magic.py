@@ -22,14 +22,14 @@ import tfgpu_magic
 import tfgpu_magic.controller
 from cases import HASH_IN_WORD, HOSTILE, HUGE, HUGE_NUMBERS, NON_ASCII, params
 from strategies import FUZZ_EXAMPLES, directive_lines
-from tfgpu_magic import importhook
+from tfgpu_magic.tf import importhook
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.errors import PolicyError
-from tfgpu_magic.grammar import split_words
-from tfgpu_magic.inventory import Inventory, InventoryCatalog
-from tfgpu_magic.magics import TFGPUMagics
-from tfgpu_magic.plan import OUR_ENV
-from tfgpu_magic.policy import Policy
+from tfgpu_magic.language.grammar import split_words
+from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog
+from tfgpu_magic.views.magics import TFGPUMagics
+from tfgpu_magic.tf.plan import OUR_ENV
+from tfgpu_magic.language.policy import Policy
 
 NO_NVML = "no NVML in these tests"
 

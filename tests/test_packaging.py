@@ -27,7 +27,7 @@ import pytest
 from kernels import isolated_env, quiet_env
 from kernels import HEAVY_MODULES
 
-from tfgpu_magic.status import RECORDED
+from tfgpu_magic.views.status import RECORDED
 
 pytestmark = pytest.mark.packaging
 

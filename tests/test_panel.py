@@ -14,10 +14,10 @@ import pytest
 from fake_nvml import FakeNvml, four_gpus
 from fake_tf import FakeTF
 
-from tfgpu_magic import importhook
+from tfgpu_magic.tf import importhook
 from tfgpu_magic.controller import Controller
-from tfgpu_magic.inventory import Inventory, InventoryCatalog, Nvml, read_inventory
-from tfgpu_magic.panel import GpuRow, Panel, memory_bar
+from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog, Nvml, read_inventory
+from tfgpu_magic.views.panel import GpuRow, Panel, memory_bar
 
 
 @pytest.fixture(autouse=True)
@@ -173,8 +173,8 @@ def test_memory_bar_unknown():
 
 def test_panel_edit_shows_in_status_and_export():
     """What the panel sets is what `%tfgpu` status and `export` show."""
-    from tfgpu_magic.export import export
-    from tfgpu_magic.status import describe_status
+    from tfgpu_magic.tf.export import export
+    from tfgpu_magic.views.status import describe_status
 
     panel, ctl = make_panel()
     panel.cpus.value = 2
@@ -189,7 +189,7 @@ def test_panel_in_terminal_ipython_needs_a_notebook(capsys):
     """`%tfgpu panel` in terminal IPython says it needs a notebook front end, and builds nothing."""
     from IPython.testing.globalipapp import get_ipython
 
-    from tfgpu_magic.magics import TFGPUMagics
+    from tfgpu_magic.views.magics import TFGPUMagics
 
     shell = get_ipython()
     previous = shell.magics_manager.registry.get("TFGPUMagics")

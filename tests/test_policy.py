@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tfgpu_magic.errors import PolicyError
-from tfgpu_magic.export import export
-from tfgpu_magic.grammar import parse_line
-from tfgpu_magic.plan import build_plan
-from tfgpu_magic.policy import Policy, sort_gpu_items
+from tfgpu_magic.tf.export import export
+from tfgpu_magic.language.grammar import parse_line
+from tfgpu_magic.tf.plan import build_plan
+from tfgpu_magic.language.policy import Policy, sort_gpu_items
 
 GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from kernels import quiet_env, tensorflow_stays_out_of_pytest  # noqa: F401 (autouse)
 
-from tfgpu_magic.export import export
-from tfgpu_magic.grammar import parse_line
-from tfgpu_magic.plan import OUR_ENV
-from tfgpu_magic.policy import Policy
+from tfgpu_magic.tf.export import export
+from tfgpu_magic.language.grammar import parse_line
+from tfgpu_magic.tf.plan import OUR_ENV
+from tfgpu_magic.language.policy import Policy
 
 pytestmark = pytest.mark.tensorflow
 
@@ -91,7 +91,7 @@ def test_configure_does_not_import_tensorflow_until_the_script_does():
     result, _ = run_script(f"""
         import sys
         import tfgpu_magic
-        from tfgpu_magic import importhook
+        from tfgpu_magic.tf import importhook
         heavy = ("tensorflow", "keras", "ipywidgets", "pynvml", "IPython")
         report = tfgpu_magic.configure("split cpu 2")
         result = {{"before": [m for m in heavy if m in sys.modules], "waiting": report.waiting,
@@ -108,7 +108,7 @@ def test_asking_whether_tensorflow_exists_keeps_the_hook_armed():
     result, _ = run_script(f"""
         import importlib.util
         import tfgpu_magic
-        from tfgpu_magic import importhook
+        from tfgpu_magic.tf import importhook
         tfgpu_magic.configure("split cpu 2")
         found = importlib.util.find_spec("tensorflow") is not None
         armed = importhook.is_armed()
@@ -150,7 +150,7 @@ def test_failing_policy_still_lets_tensorflow_import(error, message):
     """A policy whose application fails (injected into the `tf.config` seam) warns; TF imports and works."""
     result, stderr = run_script(f"""
         import tfgpu_magic
-        from tfgpu_magic import importhook
+        from tfgpu_magic.tf import importhook
         from tfgpu_magic.controller import get_controller
 
         def refuse(device, limits):
@@ -260,7 +260,7 @@ def test_device_routes_run_with_the_policy():
     result, stderr = run_script("""
         import tfgpu_magic
         from tfgpu_magic.controller import get_controller
-        from tfgpu_magic.runtime import WRAPPED, uninstall_routes
+        from tfgpu_magic.tf.runtime import WRAPPED, uninstall_routes
         tfgpu_magic.configure("split cpu 3")
         import tensorflow as tf
         from tensorflow.python.client import device_lib, session

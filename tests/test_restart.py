@@ -43,7 +43,7 @@ from servers import (
     wait_until,
 )
 
-from tfgpu_magic import restart
+from tfgpu_magic.jupyter import restart
 from tfgpu_magic.errors import PolicyError
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
@@ -105,8 +105,8 @@ def pending_file(env: JupyterEnv, kernel: KernelConnection | str) -> Path:
 
 
 PENDING_PATH = (
-    "str(__import__('tfgpu_magic.persist').persist.pending_path("
-    "__import__('tfgpu_magic.startup').startup.current_kernel_key(get_ipython())))"
+    "str(__import__('tfgpu_magic.jupyter.persist').jupyter.persist.pending_path("
+    "__import__('tfgpu_magic.jupyter.startup').jupyter.startup.current_kernel_key(get_ipython())))"
 )
 
 def restart_into_policy(kernel: KernelConnection, cell: str) -> tuple[KernelConnection, str]:
@@ -440,8 +440,8 @@ def test_startup_warning_reaches_the_user(ext_kernel_after_corrupt_pending, serv
 def test_unusable_runtime_dir_at_persist_level(tmp_path: Path, capsys):
     """A runtime dir that is a file: storing raises OSError (which `restart` reports), taking is a
     one-line PolicyError (shown as a warning at load); a missing runtime dir is silently no policy."""
-    from tfgpu_magic import persist
-    from tfgpu_magic.policy import Policy
+    from tfgpu_magic.jupyter import persist
+    from tfgpu_magic.language.policy import Policy
 
     not_a_dir = tmp_path / "runtime"
     not_a_dir.write_text("a file, not a directory")
@@ -456,8 +456,8 @@ def test_unusable_runtime_dir_at_persist_level(tmp_path: Path, capsys):
 
 def test_policy_files_are_private_whatever_the_umask(tmp_path: Path):
     """Pending and default policy files are mode 0600 even under umask 000."""
-    from tfgpu_magic import persist
-    from tfgpu_magic.policy import Policy
+    from tfgpu_magic.jupyter import persist
+    from tfgpu_magic.language.policy import Policy
 
     old_umask = os.umask(0)
     try:

@@ -38,7 +38,7 @@ from servers import (
     write_server_file,
 )
 
-from tfgpu_magic import restart
+from tfgpu_magic.jupyter import restart
 
 KERNEL_ID = str(uuid.uuid4())
 POLICY_IN_FORCE = "__import__('tfgpu_magic').current_policy().cpu_devices"

@@ -19,16 +19,16 @@ from typing import Iterator
 import pytest
 from servers import JupyterEnv, KernelConnection, isolated_jupyter, standalone_kernel
 
-from tfgpu_magic import persist
+from tfgpu_magic.jupyter import persist
 from tfgpu_magic.errors import PolicyError
-from tfgpu_magic.policy import Policy
+from tfgpu_magic.language.policy import Policy
 
 pytestmark = [pytest.mark.kernel]
 
 OLD_AUTOLOAD_CODE = f'{persist.AUTOLOAD_MARKER}\nget_ipython().run_line_magic("load_ext", "tfgpu_magic")\n'
 OLD_PENDING_CODE = f"""{persist.PENDING_STARTUP_MARKER}
 try:
-    from tfgpu_magic.startup import load_if_pending
+    from tfgpu_magic.jupyter.startup import load_if_pending
     load_if_pending(get_ipython())
 except Exception as err:  # a kernel must start whatever happens here
     print(f"tfgpu_magic: could not apply the pending policy: {{err}}")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import PolicyError
 
 if TYPE_CHECKING:
-    from .policy import Policy
+    from .language.policy import Policy
 
 __version__ = "0.1.0"
 __all__ = ["Policy", "PolicyError", "configure", "current_policy", "panel", "session_config"]
@@ -28,7 +28,7 @@ def __dir__() -> list[str]:
 def __getattr__(name: str) -> Any:
     """`Policy` and `configure` load on first use, keeping `%load_ext` cheap (PEP 562)."""
     if name == "Policy":
-        from .policy import Policy
+        from .language.policy import Policy
 
         return Policy
     if name == "configure":
@@ -52,7 +52,7 @@ def current_policy() -> Policy:
 
 def session_config() -> Any:
     """A `tf.compat.v1.ConfigProto` carrying the policy, for TF1-style `tf.compat.v1.Session`."""
-    from .runtime import session_config as build
+    from .tf.runtime import session_config as build
 
     return build(get_controller().plan())
 
@@ -61,14 +61,14 @@ def panel() -> Any:
     """Show the widget panel over the policy in a notebook; returns the `Panel` (its `.widget`)."""
     from IPython import get_ipython
 
-    from .panel import show_panel
+    from .views.panel import show_panel
 
     return show_panel(get_controller(), get_ipython())
 
 
 def load_ipython_extension(shell: Any) -> None:
     """`%load_ext tfgpu_magic`: register `%tfgpu` and apply the configured default policy."""
-    from .magics import load
+    from .views.magics import load
 
     load(shell)
 

@@ -12,13 +12,13 @@ import os
 import sys
 from typing import Callable, Iterable, MutableMapping
 
-from . import importhook
+from .tf import importhook
 from .errors import PolicyError
-from .grammar import Edit, GpuCatalog, parse_line
-from .inventory import Inventory, InventoryCatalog, cached_inventory
-from .plan import CUDA_ENV, OUR_ENV, Plan, build_plan, gpu_refs, uses_gpu_settings
-from .policy import Policy, is_index
-from .runtime import (ApplyReport, ConfigAPI, RuntimeState, TensorFlowConfig, any_logical_recorded, apply_plan,
+from .language.grammar import Edit, GpuCatalog, parse_line
+from .gpus.inventory import Inventory, InventoryCatalog, cached_inventory
+from .tf.plan import CUDA_ENV, OUR_ENV, Plan, build_plan, gpu_refs, uses_gpu_settings
+from .language.policy import Policy, is_index
+from .tf.runtime import (ApplyReport, ConfigAPI, RuntimeState, TensorFlowConfig, any_logical_recorded, apply_plan,
                       env_changes, install_routes, session_config)
 
 class Controller:
@@ -163,7 +163,7 @@ class Controller:
     def _on_import(self) -> None:
         report = self.apply()
         if not report.ok:
-            from .status import SCRIPT_RESTART_HINT, describe_report, restart_hint
+            from .views.status import SCRIPT_RESTART_HINT, describe_report, restart_hint
 
             shell = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
             hint = restart_hint(shell) if shell is not None else SCRIPT_RESTART_HINT
@@ -242,7 +242,7 @@ def configure(*directives: str) -> ApplyReport:
     if not report.ok:
         import warnings
 
-        from .status import SCRIPT_RESTART_HINT, describe_report
+        from .views.status import SCRIPT_RESTART_HINT, describe_report
 
         warnings.warn(describe_report(report, SCRIPT_RESTART_HINT), stacklevel=2)
     return report

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .policy import MAX_WHOLE, is_uuid, whole_number
+from ..language.policy import MAX_WHOLE, is_uuid, whole_number
 
 _BLANKS = " \t"
 """What CUDA skips around an entry; a newline is not among them (`GPU-abc\n` is no UUID)."""

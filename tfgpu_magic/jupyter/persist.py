@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import safefile
-from .errors import PolicyError, warn
+from .. import safefile
+from ..errors import PolicyError, warn
 
 if TYPE_CHECKING:
-    from .policy import Policy
+    from ..language.policy import Policy
 
 FORMAT = "tfgpu_magic/policy/1"
 PENDING_PREFIX = "tfgpu-pending-"
@@ -67,7 +67,7 @@ def read_record(path: Path) -> dict[str, Any] | None:
 def read_policy(path: Path) -> Policy | None:
     """The policy stored at `path`; None when there is no file; `PolicyError` naming the file when
     it is unusable (see `read_record`) or holds an invalid policy."""
-    from .policy import Policy
+    from ..language.policy import Policy
 
     data = read_record(path)
     if data is None:
@@ -200,7 +200,7 @@ def _tfgpu_magic_pending():
     if importlib.util.find_spec("tfgpu_magic") is None:
         return
     try:
-        from tfgpu_magic.startup import load_if_pending
+        from tfgpu_magic.jupyter.startup import load_if_pending
     except Exception as err:  # a kernel must start whatever happens here
         print(f"tfgpu_magic: a policy is pending in {{runtime}} but tfgpu_magic cannot be imported: {{err}}", file=sys.stderr)
         return

@@ -12,10 +12,10 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_expand
 from traitlets import List, Unicode
 
-from .errors import PolicyError
+from ..errors import PolicyError
 
 if TYPE_CHECKING:
-    from .controller import Controller
+    from ..controller import Controller
 
 
 @magics_class
@@ -35,7 +35,7 @@ class TFGPUMagics(Magics):
     def controller(self) -> Controller:
         """The process-wide controller (or the one given), created on first use."""
         if self._controller is None:
-            from .controller import get_controller
+            from ..controller import get_controller
 
             self._controller = get_controller()
         return self._controller
@@ -103,7 +103,7 @@ class TFGPUMagics(Magics):
 
 def load(shell: Any) -> TFGPUMagics:
     """Register the magics on `shell` and apply the policy this kernel starts with."""
-    from .startup import say, startup_policy
+    from ..jupyter.startup import say, startup_policy
 
     from .completion import register_completer
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import shlex
 
-from .errors import PolicyError
+from ..errors import PolicyError
 from .plan import Plan, build_plan
-from .policy import Policy
+from ..language.policy import Policy
 
 HEADER = "# GPU policy exported by tfgpu_magic; run it before anything else touches TensorFlow."
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .cudaenv import parse_cuda_visible
-from .plan import OUR_ENV
-from .policy import ALL_GPUS, Policy, quote
-from .inventory import Inventory
-from .runtime import ApplyReport, pending_changes, recorded_settings
+from ..gpus.cudaenv import parse_cuda_visible
+from ..tf.plan import OUR_ENV
+from ..language.policy import ALL_GPUS, Policy, quote
+from ..gpus.inventory import Inventory
+from ..tf.runtime import ApplyReport, pending_changes, recorded_settings
 
 if TYPE_CHECKING:
-    from .controller import Controller
+    from ..controller import Controller
 
 RESTART_HINT = "Run `%tfgpu restart` to restart the kernel with the policy in force."
 TERMINAL_RESTART_HINT = (

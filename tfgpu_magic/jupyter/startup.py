@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from . import persist
 
 if TYPE_CHECKING:
-    from .controller import Controller
-    from .policy import Policy
+    from ..controller import Controller
+    from ..language.policy import Policy
 
 POLICY_ENV = "TFGPU_MAGIC_POLICY"
 """Environment variable through which a tfgpu kernelspec hands its policy to the kernel."""
@@ -118,7 +118,7 @@ def startup_policy(
     if not (configured or _present(default_file) or os.environ.get(POLICY_ENV) or (pending_file and _present(pending_file))):
         return None, []
 
-    from .policy import Policy
+    from ..language.policy import Policy
 
     policy: Policy | None = None
     warnings: list[str] = []
@@ -149,8 +149,8 @@ def _present(path: Path) -> bool:
 
 def policy_from_env(environ: Any) -> Policy | None:
     """The policy a tfgpu kernelspec put in the environment; `PolicyError` if malformed."""
-    from . import safefile
-    from .policy import Policy
+    from .. import safefile
+    from ..language.policy import Policy
 
     raw = environ.get(POLICY_ENV)
     if not raw:

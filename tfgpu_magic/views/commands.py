@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import persist
-from .errors import PolicyError
-from .policy import quote
-from .export import export
-from .grammar import Action, parse_cell, parse_words, split_words, suggest
+from ..jupyter import persist
+from ..errors import PolicyError
+from ..language.policy import quote
+from ..tf.export import export
+from ..language.grammar import Action, parse_cell, parse_words, split_words, suggest
 from .status import describe_policy, describe_report, describe_status, pending_groups, restart_hint
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ def _export(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> st
 
 
 def _restart(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> str:
-    from .restart import TO_DO_FRONTEND, choose_route, restart_and_apply
+    from ..jupyter.restart import TO_DO_FRONTEND, choose_route, restart_and_apply
 
     shell, controller = magics.shell, magics.controller
 
@@ -119,7 +119,7 @@ def _restart(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> s
 
 
 def _doctor(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> str:
-    from .doctor import doctor
+    from ..gpus.doctor import doctor
 
     return doctor(magics.controller)
 
@@ -170,7 +170,7 @@ def _autoload(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> 
 
 @_setup_errors
 def _kernelspec(magics: TFGPUMagics, arg: str | None, options: dict[str, Any]) -> str:
-    from . import kernelspec
+    from ..jupyter import kernelspec
 
     name = arg or ""
     if options.get("--remove"):

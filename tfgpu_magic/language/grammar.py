@@ -9,7 +9,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
-from .errors import PolicyError
+from ..errors import PolicyError
 from .policy import (
     ALL_GPUS,
     ALLOCATORS,

@@ -65,8 +65,8 @@ def directive_words(full_text: str, cursor_line: int, before_cursor: str) -> tup
 
 def candidates(done: list[str], cell: bool, controller: Callable[[], Any]) -> Sequence[str]:
     """What may come after the words `done`; empty where the next word is free (a size, a name)."""
-    from .grammar import ACTIONS, CHOICES, EDITS, GROWTH_CHOICES
-    from .policy import ALLOCATORS
+    from ..language.grammar import ACTIONS, CHOICES, EDITS, GROWTH_CHOICES
+    from ..language.policy import ALLOCATORS
 
     if not done:
         return EDITS if cell else EDITS + ACTIONS

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from .errors import PolicyError
+from ..errors import PolicyError
 
 ALL_GPUS = "all"
 """Key in `Policy.limits` for 'every visible GPU'."""

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import PolicyError
-from .policy import is_index
+from ..errors import PolicyError
+from ..language.policy import is_index
 
 MIB = 1024 * 1024
 CACHE_SECONDS = 2.0

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Callable, Mapping
 
 from .cudaenv import parse_cuda_visible
 from .inventory import Gpu, Inventory
-from .policy import Policy
-from .runtime import ConfigAPI
+from ..language.policy import Policy
+from ..tf.runtime import ConfigAPI
 
 if TYPE_CHECKING:
-    from .controller import Controller
+    from ..controller import Controller
 
 OK, WARN, FAIL, INFO = "ok", "warn", "FAIL", "info"
 TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tf-nightly-cpu", "intel-tensorflow")

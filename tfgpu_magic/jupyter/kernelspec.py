@@ -18,12 +18,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import PolicyError
-from .plan import build_plan
-from .policy import Policy
-from .safefile import read_json, write_atomic
+from ..errors import PolicyError
+from ..tf.plan import build_plan
+from ..language.policy import Policy
+from ..safefile import read_json, write_atomic
 from .startup import POLICY_ENV
-from .status import describe_policy
+from ..views.status import describe_policy
 
 if TYPE_CHECKING:
     from jupyter_client.kernelspec import KernelSpecManager

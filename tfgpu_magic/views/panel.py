@@ -13,12 +13,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .controller import Controller, get_controller
-from .errors import PolicyError
-from .export import export
-from .inventory import Gpu
-from .policy import ALL_GPUS, Policy
-from .restart import TO_DO_FRONTEND
+from ..controller import Controller, get_controller
+from ..errors import PolicyError
+from ..tf.export import export
+from ..gpus.inventory import Gpu
+from ..language.policy import ALL_GPUS, Policy
+from ..jupyter.restart import TO_DO_FRONTEND
 from .status import describe_report, pending_groups
 
 REFRESH_SECONDS = 2.0
@@ -327,7 +327,7 @@ def show_panel(controller: Controller, shell: Any) -> Panel:
     in sync with TF's state after each cell."""
     from IPython.display import display
 
-    from .restart import choose_route, restart_and_apply
+    from ..jupyter.restart import choose_route, restart_and_apply
 
     panel = Panel(controller, shell, lambda: restart_and_apply(shell, controller.policy), choose_route(shell).restarts)
     _open_panels.append(panel)

@@ -30,9 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import persist, safefile
-from .errors import PolicyError, warn
-from .policy import Policy
+from . import persist
+from .. import safefile
+from ..errors import PolicyError, warn
+from ..language.policy import Policy
 from .startup import connection_file, kernel_key, on_next, server_kernel_id
 
 RESTART_ENV = "TFGPU_MAGIC_RESTART"

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from .cudaenv import parse_cuda_visible
-from .policy import ALL_GPUS, ALLOCATORS, Policy, is_index
+from ..gpus.cudaenv import parse_cuda_visible
+from ..language.policy import ALL_GPUS, ALLOCATORS, Policy, is_index
 
 OUR_ENV = (
     "CUDA_DEVICE_ORDER",
