@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tfgpu_magic.language.directives import REGISTRY, Directive
+
 NOT_A_SIZE = "not a size"
 NO_INVENTORY = "the card's total memory"
 HIGH = "above 1024 GiB"
@@ -30,6 +32,11 @@ class Bad:
         return text if len(text) <= 48 else text[:45] + "..."
 
 
+def usage(directive: Directive) -> str:
+    """The `usage:` part of an argument-count error for `directive`."""
+    return f"{directive.name} {directive.synopsis}" if directive.synopsis else directive.name
+
+
 BAD: list[Bad] = [
     # unknown words
     Bad("foo", "unknown directive 'foo'"),
@@ -42,11 +49,6 @@ BAD: list[Bad] = [
     Bad("export xml", "'xml'"),
     Bad("export pythons", "'pythons'"),
     # missing and extra arguments
-    Bad("growth", "growth: missing argument"),
-    Bad("limit", "limit: missing argument"),
-    Bad("visible", "visible: missing argument"),
-    Bad("split", "split: missing argument"),
-    Bad("allocator", "allocator: missing argument"),
     Bad("split 0", "missing the parts"),
     Bad("split cpu", "split cpu: missing COUNT, e.g. `split cpu 2`"),
     Bad("growth on off", "unexpected 'off'"),
@@ -54,9 +56,6 @@ BAD: list[Bad] = [
     Bad("visible 0 1", "unexpected '1'"),
     Bad("split 0 2x1GB 1", "unexpected '1'"),
     Bad("split off 0 1", "unexpected '1'"),
-    Bad("reset now", "unexpected 'now'"),
-    Bad("status now", "unexpected 'now'"),
-    Bad("apply now", "unexpected 'now'"),
     Bad("export json env", "unexpected 'env'"),
     Bad('limit "1GB', "No closing quotation"),
     # zero and negative
@@ -122,6 +121,10 @@ BAD: list[Bad] = [
     Bad("visible 0", "not visible", setup=("limit 1GB 1",)),
     Bad("limit 1GB 0", "`visible none` hides every GPU", setup=("visible none",)),
     Bad("visible none", "`visible none` hides every GPU", setup=("split 0 2x1GB",)),
+    # every directive of the registry: a missing argument, one too many, a word outside its closed set
+    *(Bad(d.name, f"{d.name}: missing argument; usage: `{usage(d)}`") for d in REGISTRY if d.arity[0]),
+    *(Bad(f"{d.name}{' x' * d.arity[1]} now", f"{d.name}: unexpected 'now'; usage: `{usage(d)}`") for d in REGISTRY),
+    *(Bad(f"{d.name} xyzzy", f"{d.name}: expected {d.synopsis}, got 'xyzzy'") for d in REGISTRY if d.choices),
 ]
 
 

@@ -219,6 +219,8 @@ class FakeTF:
         self._tf_to_cuda: dict[int, int] = {}
         self._allocators: dict[int, _Allocator] = {}
         self._created_by: str | None = None
+        self.loglevel: str | None = None
+        """What the Python loggers were last set to (`set_loglevel`)."""
         self.device_lib = SimpleNamespace(list_local_devices=self._list_local_devices)
         """Stands for `tensorflow.python.client.device_lib` (the routes wrap its attribute)."""
         self.Session = _session_class(self)
@@ -410,6 +412,15 @@ class FakeTF:
 
     def record_devices_created(self, route: str) -> None:
         self._created_by = self._created_by or route
+
+    def set_loglevel(self, level: str | None) -> list[str]:
+        """The Python loggers' level (not a device setting, so not among `calls`)."""
+        if not self.imported:
+            raise SeamMisuse("TensorFlow's loggers set before TensorFlow was imported")
+        if level == self.loglevel:
+            return []
+        self.loglevel = level
+        return [f"Python logger tensorflow: {level} and above" if level else "Python logger tensorflow: back to its own level"]
 
     def devices(self, kind: str) -> list[PhysicalDevice]:
         return [d for d in self.list_devices() if d.device_type == kind]

@@ -98,6 +98,8 @@ class CellResult:
     stderr: str = ""
     results: list[str] = field(default_factory=list)
     """`text/plain` of execute results and displays."""
+    html: list[str] = field(default_factory=list)
+    """`text/html` of execute results and displays that have one."""
     errors: list[dict[str, Any]] = field(default_factory=list)
     """IOPub `error` messages: ename, evalue, traceback."""
 
@@ -116,6 +118,8 @@ class CellResult:
             setattr(self, content["name"], getattr(self, content["name"]) + content["text"])
         elif kind in ("execute_result", "display_data"):
             self.results.append(content["data"].get("text/plain", ""))
+            if "text/html" in content["data"]:
+                self.html.append(content["data"]["text/html"])
         elif kind == "error":
             self.errors.append(content)
 

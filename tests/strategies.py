@@ -10,18 +10,18 @@ import os
 
 from hypothesis import strategies as st
 
+from tfgpu_magic.language.directives import NAMES, REGISTRY
+
 FUZZ_EXAMPLES = int(os.environ.get("TFGPU_FUZZ_EXAMPLES", "300"))
 
 _LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 _CHARS = st.characters(blacklist_categories=("Cs",), blacklist_characters=_LINE_BREAKS)
-VALID = [
-    "growth on", "limit 4096 0", "limit 1.5GB 0-3", "limit off 1", "visible 2,3", "visible none",
-    "split 0 2x2GB", "split 1 1GB,3GB", "split cpu 3", "split off cpu", "allocator async", "reset",
-    "export json", "limit 1GB GPU-8932f937",
-]
-TOKENS = ["growth", "limit", "visible", "split", "off", "all", "none", "cpu", "0", "-1", "0-3", "3-1", "0,,1",
-          "2x", "x2GB", "50%", "1e3", "inf", "'", '"', "#", ",", "99999999999", "GPU-", "1GB,", "×", "²", "١",
-          "1" * 5000, "0#1", "４GB", "٣", "$gpu", "{gpu}", "GB", "auto:", "GPU-\u212a"]
+VALID = [example for directive in REGISTRY for example in directive.examples]
+"""Every directive's examples (the registry's): each one parses."""
+TOKENS = [*NAMES, *sorted({word for directive in REGISTRY for word in directive.choices}),
+          "none", "cpu", "0", "-1", "0-3", "3-1", "0,,1", "2x", "x2GB", "50%", "1e3", "inf", "'", '"', "#", ",",
+          "99999999999", "GPU-", "1GB,", "×", "²", "١", "1" * 5000, "0#1", "４GB", "٣", "$gpu", "{gpu}", "GB", "auto:",
+          "GPU-\u212a", "--yes", "--remove", "--display-name"]
 
 
 @st.composite

@@ -52,10 +52,10 @@ def test_completes_directives_and_closed_argument_sets(shell, text: str, offered
 
 
 def test_all_directives_on_an_empty_line_and_only_edits_in_a_cell(shell) -> None:  # noqa: ANN001
-    from tfgpu_magic.language.grammar import ACTIONS, EDITS
+    from tfgpu_magic.language.directives import CELL_NAMES, NAMES
 
-    assert complete(shell, "%tfgpu ") == sorted(EDITS + ACTIONS)
-    assert complete(shell, "%%tfgpu\n") == sorted(EDITS)
+    assert complete(shell, "%tfgpu ") == sorted(NAMES)
+    assert complete(shell, "%%tfgpu\n") == sorted(CELL_NAMES)
 
 
 @pytest.mark.parametrize("text", ["x = gr", "%%tfgpu\n# gr", "print('%tfgpu gr')"])

@@ -18,6 +18,7 @@ from IPython.terminal.interactiveshell import TerminalInteractiveShell
 from IPython.testing import tools
 
 from fake_nvml import NVML_ERROR_DRIVER_NOT_LOADED, FakeNvml, four_gpus
+from tfgpu_magic import actions
 from tfgpu_magic.gpus import doctor
 from tfgpu_magic.tf import importhook
 from tfgpu_magic.controller import Controller
@@ -394,7 +395,7 @@ def python_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_doctor_on_this_machine() -> None:
     """CPU-only build, no NVML, no device nodes: all FAIL, and the summary names all three."""
     controller = Controller(environ={})
-    checks, summary = parse_report(doctor.doctor(controller))
+    checks, summary = parse_report(str(actions.doctor(controller)))
     assert [(verdict, name) for verdict, name, _, _ in checks] == [
         (FAIL, "TensorFlow build"), (FAIL, "NVIDIA driver / NVML"), (FAIL, "device nodes"),
         (OK, "CUDA_VISIBLE_DEVICES"), (INFO, "CUDA_DEVICE_ORDER"), (OK, "Python"), (INFO, "TensorFlow's GPUs")]
@@ -408,7 +409,7 @@ def test_doctor_on_this_machine() -> None:
     assert all(f"{name}: " in summary for name in ("NVIDIA driver / NVML", "device nodes"))
     assert summary.endswith(". Fix the first one first.")
     assert "tensorflow" not in sys.modules and controller.environ == {}
-    assert "pip install nvidia-ml-py" not in doctor.doctor(controller)  # it is installed here
+    assert "pip install nvidia-ml-py" not in str(actions.doctor(controller))  # it is installed here
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from cases import HASH_IN_WORD, HUGE, HUGE_LISTS, HUGE_NUMBERS, NON_ASCII, params
 from strategies import FUZZ_EXAMPLES, directive_lines
 from tfgpu_magic.errors import PolicyError
-from tfgpu_magic.language.grammar import Action, Edit, parse_cell, parse_line
+from tfgpu_magic.language.grammar import Action, Edit, apply_edit, parse_cell, parse_line
 from tfgpu_magic.language.policy import Policy
 
 RICH = Policy(
@@ -192,7 +192,8 @@ class Catalog:
 )
 def test_percent_with_an_inventory_is_per_card(line: str, limits: dict, splits: dict) -> None:
     """With an inventory, NN% becomes MiB of each card's own total."""
-    policy = parse_line(line, Catalog()).change(Policy())
+    catalog = Catalog()
+    policy = parse_line(line, catalog).change(Policy(), catalog)
     assert (policy.limit_map, policy.split_map) == (limits, splits)
 
 
@@ -205,7 +206,7 @@ def test_catalog_rejects_a_gpu_the_machine_lacks() -> None:
 def test_cell_with_comments_and_blank_lines() -> None:
     cell = "# the shared box\n\ngrowth on\n   \nlimit 1GB 0  # small card\n\nsplit cpu 2\n"
     edits = parse_cell(cell)
-    assert [edit.text for edit in edits] == ["growth on", "limit 1GB 0", "split cpu 2"]
+    assert [(edit.name, edit.line) for edit in edits] == [("growth", 3), ("limit", 5), ("split", 7)]
     policy = Policy()
     for edit in edits:
         policy = edit.change(policy)
@@ -379,6 +380,7 @@ def test_a_huge_line_is_refused_before_any_work_and_not_echoed() -> None:
         ("growth onn", "did you mean `on`?"),
         ("allocator asnyc", "did you mean `async`?"),
         ("export jsno", "did you mean `json`?"),
+        ("loglevel errror", "did you mean `error`?"),
         ("limit 4 GB", "limit: write `4GB` (no space between a number and its unit)"),
         ("limit 1.5 gb 0", "write `1.5gb`"),
         ("split 0 2 GB", "split: write `2GB`"),
@@ -399,12 +401,12 @@ def test_no_suggestion_lists_the_directives() -> None:
 
 
 # ----- a cell is validated as a whole ---------------------------------------------------------------
-def test_edit_build_does_not_validate_but_change_does() -> None:
-    """`build` gives the intermediate policy of a cell (may contradict itself); `change` validates."""
+def test_apply_edit_does_not_validate_but_change_does() -> None:
+    """`apply_edit` gives the intermediate policy of a cell (may contradict itself); `change` validates."""
     edit = parse_line("limit 1GB 1")
     assert isinstance(edit, Edit)
     base = Policy(visible=("0",))
-    assert edit.build(base) == Policy(visible=("0",), limits=(("1", 1024),))
+    assert apply_edit(base, edit) == Policy(visible=("0",), limits=(("1", 1024),))
     with pytest.raises(PolicyError, match="not visible"):
         edit.change(base)
 
@@ -412,3 +414,15 @@ def test_edit_build_does_not_validate_but_change_does() -> None:
 def test_a_huge_cell_is_refused_at_once() -> None:
     with pytest.raises(PolicyError, match=r"^%%tfgpu cell too long \(1,000,000 characters"):
         parse_cell("growth on\n" * 100_000)
+
+
+def test_default_edit_gives_a_field_back_to_tensorflow():
+    """The panel's "TF default": the grammar's own edit sets the field to None; directives that set
+    no single field have none."""
+    from tfgpu_magic.language.grammar import apply_edit, default_edit
+
+    policy = Policy(growth=True, allocator="async")
+    assert apply_edit(policy, default_edit("growth")).growth is None
+    assert apply_edit(policy, default_edit("allocator")).allocator is None
+    with pytest.raises(PolicyError, match="sets no single policy field"):
+        default_edit("limit")

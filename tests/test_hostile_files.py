@@ -139,13 +139,17 @@ def test_hostile_server_file_is_one_warning(tmp_path: Path, case: str, capsys: p
     assert snapshot(path) == before
 
 
-def test_server_reply_nested_deeply_is_one_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    """The owning server answering with JSON nested 30,000 deep, or a megabyte and more: one warning, no server."""
+def test_server_reply_nested_deeply_is_one_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+):
+    """The owning server answering with JSON nested 30,000 deep, or a megabyte and more: one warning, no server.
+    This test process, which holds the listener, stands in for the server that started the kernel."""
     from servers import RecordingListener
 
+    monkeypatch.setattr(restart, "ancestors", lambda: [os.getpid()])
     for body in (DEEP.encode(), b" " * (restart.REPLY_BYTES + 10)):
         with RecordingListener(lambda method, path, body=body: (200, {}, body)) as owner:
-            write_server_file(tmp_path, os.getppid(), owner.port, token="t")
+            write_server_file(tmp_path, os.getpid(), owner.port, token="t")
             assert restart.find_server("k1", tmp_path) is None
         lines = capsys.readouterr().err.splitlines()
         assert len(lines) == 1 and "did not confirm" in lines[0], lines

@@ -15,9 +15,12 @@ from tfgpu_magic.tf import importhook
 
 PACKAGES = ("tensorflow", "fakekeras", "tfgpu_events", "user_code")
 FILES = {
-    "tfgpu_events.py": "log = []\nfail_body = False\n",
+    "tfgpu_events.py": "log = []\nfail_body = False\nspeak = False\n",
     "tensorflow/__init__.py": (
+        "import os\n"
         "import tfgpu_events\n"
+        "if tfgpu_events.speak:\n"
+        "    os.write(2, b'I0000 00:00:1.5 7 port.cc:153] chatter\\nE0000 00:00:1.5 7 x.cc:1] boom\\nmine\\n')\n"
         "if tfgpu_events.fail_body:\n"
         "    raise ImportError('broken TensorFlow')\n"
         "tfgpu_events.log.append('tensorflow body')\n"
@@ -170,3 +173,32 @@ def test_hook_from_before_a_reload_still_works_and_disarms(events: list[str], re
     importlib.reload(importhook)
     importhook.disarm()
     assert hooks() == 0
+
+
+@pytest.fixture
+def quiet_error(events: list[str]) -> Iterator[list[str]]:
+    """The dummy TensorFlow writes an info, an error and a plain line to fd 2; the hook is quiet."""
+    import tfgpu_events
+
+    tfgpu_events.speak = True
+    importhook.quiet("error")
+    yield events
+    importhook.quiet(None)
+
+
+def test_quiet_import_drops_the_lines_below_the_level(quiet_error: list[str], capfd: pytest.CaptureFixture) -> None:
+    importhook.arm(recorder(quiet_error))
+    import tensorflow  # noqa: F401
+
+    assert capfd.readouterr().err == "E0000 00:00:1.5 7 x.cc:1] boom\nmine\n"
+    assert quiet_error == ["tensorflow body", "callback"]
+
+
+def test_failed_quiet_import_shows_every_line(quiet_error: list[str], capfd: pytest.CaptureFixture) -> None:
+    import tfgpu_events
+
+    tfgpu_events.fail_body = True
+    importhook.arm(recorder(quiet_error))
+    with pytest.raises(ImportError):
+        import tensorflow  # noqa: F401
+    assert "chatter" in capfd.readouterr().err and importhook.is_armed()

@@ -55,7 +55,7 @@ def apply(line: str, catalog: InventoryCatalog | None, policy: Policy = Policy()
     """The policy one directive line makes of `policy`."""
     directive = parse_line(line, catalog)
     assert isinstance(directive, Edit), line
-    return directive.change(policy)
+    return directive.change(policy, catalog)
 
 
 # ----- the fake mirrors pynvml ------------------------------------------------------------------

@@ -19,7 +19,8 @@ POLICY = "__import__('tfgpu_magic').current_policy().to_dict()"
 HOOK_ARMED = "__import__('tfgpu_magic.tf.importhook').tf.importhook.is_armed()"
 ENV_PROBE = "{k: __import__('os').environ.get(k) for k in __import__('tfgpu_magic.tf.plan').tf.plan.OUR_ENV}"
 
-EMPTY_POLICY = {"visible": None, "growth": None, "limits": {}, "splits": {}, "cpu_devices": None, "allocator": None}
+EMPTY_POLICY = {"visible": None, "growth": None, "limits": {}, "splits": {}, "cpu_devices": None, "allocator": None,
+                "loglevel": None}
 RECORDED = "Recorded; the rest applies when TensorFlow is imported."
 
 
@@ -80,7 +81,7 @@ def test_identical_policy_after_initialization_is_already_in_force(locked_kernel
     result = kernel.ok("%tfgpu split cpu 3")
     assert result.stdout.strip() == "Already in force."
     assert result.stderr == ""
-    status = kernel.ok("%tfgpu").stdout
+    status = kernel.ok("%tfgpu").output
     assert "CPU:0: 3 logical devices" in status and "Pending" not in status
 
 
@@ -116,10 +117,10 @@ def imported_kernel() -> Iterator[dict]:
     with running_kernel() as kernel:
         kernel.ok("%load_ext tfgpu_magic")
         kernel.ok("import tensorflow")
-        steps = {"status": kernel.ok("%tfgpu").stdout, "split": kernel.ok("%tfgpu split cpu 2").stdout}
+        steps = {"status": kernel.ok("%tfgpu").output, "split": kernel.ok("%tfgpu split cpu 2").stdout}
         steps["recorded"] = kernel.evaluate(RECORDED_CPUS)
         steps["undo"] = kernel.ok("%tfgpu split off").stdout
-        steps["undo_status"] = kernel.ok("%tfgpu").stdout
+        steps["undo_status"] = kernel.ok("%tfgpu").output
         steps["cpus"] = kernel.evaluate(CPU_COUNT)
         yield steps
 
@@ -159,7 +160,7 @@ def test_load_ext_and_magic_do_not_import_tensorflow_or_gui():
         assert kernel.loaded_modules(*HEAVY_MODULES) == set()
         kernel.ok("%tfgpu split cpu 2")
         assert kernel.loaded_modules(*HEAVY_MODULES) == set()
-        assert "TensorFlow: not imported" in kernel.ok("%tfgpu").stdout
+        assert "TensorFlow: not imported" in kernel.ok("%tfgpu").output
         assert "LogicalDeviceConfiguration()] * 2" in kernel.ok("%tfgpu export").stdout
         assert kernel.loaded_modules(*HEAVY_MODULES) <= {"pynvml"}
         assert kernel.evaluate(HOOK_ARMED) is True
@@ -218,6 +219,7 @@ def test_cell_applies_every_line(cell_kernel):
         "CUDA_VISIBLE_DEVICES": None,
         "TF_GPU_ALLOCATOR": "cuda_malloc_async",
         "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+        "TF_CPP_MIN_LOG_LEVEL": "3",  # inherited from the test kernel's environment (no loglevel here)
     }
     assert cell_kernel.ok(f"import tensorflow as tf\ntf.constant(1)\nprint({CPU_COUNT})").stdout.strip() == "2"
     again = cell_kernel.ok(GOOD_CELL)

@@ -64,12 +64,31 @@ def test_panel_edits_reach_the_policy():
     assert ctl.environ["TF_GPU_ALLOCATOR"] == "cuda_malloc_async"
 
 
-def test_default_choice_clears_the_field():
-    """Choosing 'TF default' again removes growth from the policy."""
+def test_default_choice_clears_the_field_through_the_edit_path(monkeypatch: pytest.MonkeyPatch):
+    """Choosing 'TF default' again removes growth or the allocator from the policy, as an edit
+    through `Controller.edit` (validated and applied like the magic's), never a bypass."""
     panel, ctl = make_panel()
     panel.growth.value = "off"
+    panel.allocator.value = "async"
+    edits = []
+    real = ctl.edit
+    monkeypatch.setattr(ctl, "edit", lambda batch: edits.extend(batch) or real(batch))
     panel.growth.value = "default"
-    assert ctl.policy.growth is None
+    panel.allocator.value = "default"
+    assert ctl.policy.growth is None and ctl.policy.allocator is None
+    assert [edit.name for edit in edits] == ["growth", "allocator"]
+    assert "TF_GPU_ALLOCATOR" not in ctl.environ
+
+
+def test_loglevel_dropdown():
+    """The log level is one more dropdown over the same policy; 'TF default' is `loglevel off`."""
+    panel, ctl = make_panel()
+    panel.loglevel.value = "error"
+    assert ctl.policy.loglevel == "error"
+    ctl.edit([ctl.parse("loglevel info")])
+    assert panel.loglevel.value == "info"
+    panel.loglevel.value = "off"
+    assert ctl.policy.loglevel is None
 
 
 def test_magic_edits_show_in_the_panel():

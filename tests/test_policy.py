@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from tfgpu_magic.errors import PolicyError
 from tfgpu_magic.tf.export import export
+from tfgpu_magic.language.directives import REGISTRY
 from tfgpu_magic.language.grammar import parse_line
 from tfgpu_magic.tf.plan import build_plan
 from tfgpu_magic.language.policy import Policy, sort_gpu_items
@@ -92,11 +93,11 @@ def test_valid_edge_policies(policy: Policy) -> None:
 
 # ----- JSON -------------------------------------------------------------------------------------
 DIRECTIVES = [
-    "growth on", "growth off", "limit 1GB", "limit 512MB 0", "limit 2GB 1,3", "limit 1GB GPU-8932f937",
-    "limit off", "limit off 0", "visible 0-3", "visible 3,1", "visible none", "visible all",
-    "visible GPU-8932f937,2", "split 0 2x1GB", "split 2 256MB,768MB", "split cpu 3", "split off 0",
-    "split off", "allocator async", "allocator bfc", "reset",
+    *(example for directive in REGISTRY if directive.kind == "edit" for example in directive.examples),
+    "limit 512MB 0", "limit 2GB 1,3", "limit off", "limit off 0", "visible 0-3", "visible 3,1",
+    "visible GPU-8932f937,2", "split 2 256MB,768MB", "split off 0", "loglevel debug",
 ]
+"""Every edit's examples from the registry, and a few more forms."""
 
 
 @st.composite

@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from kernels import quiet_env, tensorflow_stays_out_of_pytest  # noqa: F401 (autouse)
+from kernels import QUIET_ENV, quiet_env, tensorflow_stays_out_of_pytest  # noqa: F401 (autouse)
 
 from tfgpu_magic.tf.export import export
 from tfgpu_magic.language.grammar import parse_line
@@ -168,7 +168,7 @@ def test_failing_policy_still_lets_tensorflow_import(error, message):
 
 # ----- export round trips -------------------------------------------------------------------------
 GPU_ENV = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0", "TF_FORCE_GPU_ALLOW_GROWTH": "true"}
-NO_ENV = dict.fromkeys(OUR_ENV)
+NO_ENV = {**dict.fromkeys(OUR_ENV), **{name: QUIET_ENV[name] for name in OUR_ENV if name in QUIET_ENV}}
 
 
 @pytest.mark.parametrize(

@@ -60,6 +60,9 @@ def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     directory.mkdir(mode=0o700)
     for name in (*PROXY_VARIABLES, *NO_PROXY_VARIABLES, "JUPYTERHUB_API_TOKEN"):
         monkeypatch.delenv(name, raising=False)
+    # The one simulated fact: this test process, which holds the listeners' sockets, stands in for the
+    # server that started the kernel. Whether that pid holds the named port is checked for real.
+    monkeypatch.setattr(restart, "ancestors", lambda: [os.getpid()])
     return directory
 
 
@@ -99,9 +102,9 @@ def test_owning_server_is_asked_once_with_its_token(runtime: Path):
     one GET with its token; `repr` hides the token."""
     token = secrets.token_hex(8)
     with RecordingListener(lists_kernel) as owner:
-        write_server_file(runtime, os.getppid(), owner.port, token=token)
+        write_server_file(runtime, os.getpid(), owner.port, token=token)
         found = restart.find_server(KERNEL_ID, runtime)
-    assert found is not None and found.pid == os.getppid() and token not in repr(found)
+    assert found is not None and found.pid == os.getpid() and token not in repr(found)
     assert [(r.method, r.path) for r in owner.requests] == [("GET", f"/api/kernels/{KERNEL_ID}")]
     assert owner.requests[0].headers["Authorization"] == f"token {token}"
 
@@ -109,9 +112,43 @@ def test_owning_server_is_asked_once_with_its_token(runtime: Path):
 def test_owning_server_that_does_not_list_the_kernel_is_not_the_owner(runtime: Path):
     """An ancestor server that answers 200 but not with this kernel (or 404) does not own it."""
     with RecordingListener() as owner:
-        write_server_file(runtime, os.getppid(), owner.port, token=secrets.token_hex(8))
+        write_server_file(runtime, os.getpid(), owner.port, token=secrets.token_hex(8))
         assert restart.find_server(KERNEL_ID, runtime) is None
     assert len(owner.requests) == 1
+
+
+def test_ancestor_pid_whose_file_names_a_port_it_does_not_hold_gets_no_request(
+    runtime: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A `jpserver` file naming a real ancestor (a reused pid, or a shell that is no Jupyter server)
+    and a port some other process listens on: that listener lists the kernel, and receives nothing."""
+    monkeypatch.setattr(restart, "ancestors", lambda: [os.getppid()])
+    with RecordingListener(lists_kernel) as squatter:  # held by this process, not by the ancestor
+        write_server_file(runtime, os.getppid(), squatter.port, token=secrets.token_hex(8))
+        assert restart.find_server(KERNEL_ID, runtime) is None
+    assert squatter.requests == []
+
+
+def test_listens_on_tells_who_holds_a_port():
+    """The socket check itself: this process holds its listener's port; its parent does not."""
+    with RecordingListener(lists_kernel) as listener:
+        assert restart.listens_on(os.getpid(), listener.port) is True
+        assert restart.listens_on(os.getppid(), listener.port) is False
+
+
+def test_a_server_running_as_init_is_an_ancestor():
+    """In a container whose entrypoint is the Jupyter server (pid 1) and whose kernels start through a
+    wrapper (`sh -c`), pid 1 is among the kernel's ancestors: a fresh pid namespace shows it."""
+    probe = "from tfgpu_magic.jupyter.restart import ancestors; print(ancestors())"
+    script = f"import subprocess, sys; subprocess.run(['sh', '-c', {sys.executable!r} + ' -c \"{probe}\"; true'])"
+    try:
+        done = subprocess.run(["unshare", "-pf", "--mount-proc", sys.executable, "-c", script],
+                              capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        pytest.skip("unshare is not installed")
+    if done.returncode != 0 or not done.stdout.strip():
+        pytest.skip(f"no new pid namespace here: {done.stderr.strip()[:200]}")
+    assert 1 in json.loads(done.stdout.strip().splitlines()[-1])
 
 
 # ----- proxies and redirects ----------------------------------------------------------------------
@@ -128,7 +165,7 @@ def test_proxy_in_the_environment_receives_nothing(runtime: Path, monkeypatch: p
         with contextlib.suppress(OSError):  # builds and caches the default opener, proxy included
             urllib.request.urlopen("http://127.0.0.1:9/", timeout=2)  # noqa: S310
         proxy.requests.clear()
-        write_server_file(runtime, os.getppid(), owner.port, token=token)
+        write_server_file(runtime, os.getpid(), owner.port, token=token)
         found = restart.find_server(KERNEL_ID, runtime)
         found_post = found.request("POST", f"api/kernels/{KERNEL_ID}/restart") if found else None
         urllib.request.install_opener(None)
@@ -147,7 +184,7 @@ def test_redirect_is_not_followed_with_the_token(runtime: Path, capsys: pytest.C
             return 302, {"Location": target.url.rstrip("/") + path}, b""
 
         with RecordingListener(redirect) as owner:
-            write_server_file(runtime, os.getppid(), owner.port, token=token)
+            write_server_file(runtime, os.getpid(), owner.port, token=token)
             assert restart.find_server(KERNEL_ID, runtime) is None
     assert target.requests == [] and len(owner.requests) == 1
     lines = capsys.readouterr().err.splitlines()
@@ -160,7 +197,7 @@ def test_wildcard_server_is_reached_over_loopback(runtime: Path):
     127.0.0.1 on its port, never at the host name in its URL."""
     with RecordingListener(lists_kernel) as owner:
         write_server_file(
-            runtime, os.getppid(), owner.port, token="t", hostname="0.0.0.0", url=f"http://example.invalid:{owner.port}/"
+            runtime, os.getpid(), owner.port, token="t", hostname="0.0.0.0", url=f"http://example.invalid:{owner.port}/"
         )
         found = restart.find_server(KERNEL_ID, runtime)
     assert found is not None and found.url == f"http://127.0.0.1:{owner.port}/"
@@ -173,7 +210,7 @@ def test_remote_server_never_gets_the_token(runtime: Path, host: str, capsys: py
     file's `url` (here pointing at a recording listener) is not used, and nothing is tried over the
     network (no connect timeout); one warning line."""
     with RecordingListener(lists_kernel) as listener:
-        write_server_file(runtime, os.getppid(), listener.port, token="t", hostname=host, url=listener.url)
+        write_server_file(runtime, os.getpid(), listener.port, token="t", hostname=host, url=listener.url)
         started = time.monotonic()
         assert restart.find_server(KERNEL_ID, runtime) is None
         assert time.monotonic() - started < 1.0

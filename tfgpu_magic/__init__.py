@@ -61,9 +61,9 @@ def panel() -> Any:
     """Show the widget panel over the policy in a notebook; returns the `Panel` (its `.widget`)."""
     from IPython import get_ipython
 
-    from .views.panel import show_panel
+    from .actions import open_panel
 
-    return show_panel(get_controller(), get_ipython())
+    return open_panel(get_controller(), get_ipython())
 
 
 def load_ipython_extension(shell: Any) -> None:

@@ -10,16 +10,38 @@ import dataclasses
 import functools
 import os
 import sys
-from typing import Callable, Iterable, MutableMapping
+from typing import Callable, Iterable, MutableMapping, NamedTuple
 
 from .tf import importhook
 from .errors import PolicyError
-from .language.grammar import Edit, GpuCatalog, parse_line
+from .language.grammar import Edit, GpuCatalog, apply_edit, parse_line
 from .gpus.inventory import Inventory, InventoryCatalog, cached_inventory
-from .tf.plan import CUDA_ENV, OUR_ENV, Plan, build_plan, gpu_refs, uses_gpu_settings
-from .language.policy import Policy, is_index
+from .tf.envvars import CUDA_VISIBLE_DEVICES, NAMES
+from .tf.plan import Plan, build_plan, gpu_refs, uses_gpu_settings
+from .language.policy import ALL_GPUS, Policy, is_index
 from .tf.runtime import (ApplyReport, ConfigAPI, RuntimeState, TensorFlowConfig, any_logical_recorded, apply_plan,
-                      env_changes, install_routes, session_config)
+                      env_changes, install_routes, pending_changes, recorded_settings, session_config,
+                      too_late)
+
+
+class GpuRow(NamedTuple):
+    """A GPU as the views list it: from NVML when available, else from TensorFlow's physical list.
+    (NamedTuples here: cheaper to define than frozen dataclasses on the panel's import path.)"""
+
+    ref: str
+    name: str
+    used_mib: int | None = None
+    total_mib: int | None = None
+
+
+class GpuSettings(NamedTuple):
+    """What the policy asks of one GPU (nvidia-smi index), precedence already worked out."""
+
+    visible: bool
+    limit_mib: int | None
+    """Its own limit, else the every-GPU limit unless it has a split (a split sizes each part)."""
+    split: tuple[int, ...] | None
+
 
 class Controller:
     """Holds the desired policy and applies it: via the environment and an import hook before
@@ -45,6 +67,68 @@ class Controller:
         inventory = getattr(self.catalog, "inventory", None)
         return inventory if isinstance(inventory, Inventory) else cached_inventory()
 
+    # ----- what the views read --------------------------------------------------------------
+    def subscribe(self, listener: Callable[[Controller], None]) -> None:
+        """Call `listener(controller)` after every policy change (from any view, or `configure()`)."""
+        self.listeners.append(listener)
+
+    def unsubscribe(self, listener: Callable[[Controller], None]) -> None:
+        """Stop calling `listener`; nothing happens if it was not subscribed."""
+        if listener in self.listeners:
+            self.listeners.remove(listener)
+
+    def environment(self) -> dict[str, str]:
+        """The variables this tool manages, as set in the environment now (by us or inherited)."""
+        return {name: self.environ[name] for name in NAMES if name in self.environ}
+
+    def recorded(self, state: RuntimeState | None = None) -> list[str] | None:
+        """What TensorFlow has recorded, one line per setting; None while it is not imported."""
+        state = state or self.state()
+        return recorded_settings(self.api) if state.imported else None
+
+    def pending(self, state: RuntimeState | None = None) -> list[tuple[str, list[str]]]:
+        """Settings TensorFlow has not taken yet, as (title, descriptions) groups: those only a restart
+        can make, and those `%tfgpu apply` still can. Empty before CUDA started (nothing to compare)."""
+        state = state or self.state()
+        if not (state.devices_listed or state.devices_created):
+            return []
+        changes, _ = pending_changes(self.plan(state), self.api)
+        restart = [c.describe() for c in changes if state.initialized or c.needs_restart]
+        apply = [c.describe() for c in changes if not (state.initialized or c.needs_restart)]
+        groups = [("Pending, needs a restart", restart), ("Not applied yet (`%tfgpu apply`)", apply)]
+        return [(title, items) for title, items in groups if items]
+
+    def gpus(self) -> tuple[list[GpuRow], str]:
+        """The GPUs to list (NVML's, else TensorFlow's once imported), and a one-line reason when there
+        are none. Listing TF's devices never initializes its runtime."""
+        inventory = self.inventory()
+        if inventory.available and inventory.gpus:
+            return [GpuRow(gpu.ref, gpu.name or "GPU", gpu.memory_used_mib, gpu.memory_total_mib)
+                    for gpu in inventory.gpus], ""
+        if self.state().imported:
+            gpus = self.api.devices("GPU")
+            if gpus:
+                return [GpuRow(str(i), self.api.name(gpu)) for i, gpu in enumerate(gpus)], ""
+            return [], f"No GPU: TensorFlow lists none, and {inventory.error or 'NVML sees none'}. `%tfgpu doctor` says why."
+        return [], f"No GPU found: {inventory.error or 'NVML sees none'}. `%tfgpu doctor` says why."
+
+    def gpu_settings(self, refs: Iterable[str]) -> dict[str, GpuSettings]:
+        """What the policy asks of each GPU in `refs` (nvidia-smi indices); entries the policy gives by
+        UUID are matched through the inventory."""
+        policy, aliases = self.policy, self.catalog.uuid_to_index()
+        visible = None if policy.visible is None else {aliases.get(gpu, gpu) for gpu in policy.visible}
+        limits = {aliases.get(gpu, gpu): mib for gpu, mib in policy.limits}
+        splits = {aliases.get(gpu, gpu): sizes for gpu, sizes in policy.splits}
+        return {ref: GpuSettings(visible is None or ref in visible,
+                                 limits.get(ref, None if ref in splits else limits.get(ALL_GPUS)), splits.get(ref))
+                for ref in refs}
+
+    def export(self, form: str = "python") -> str:
+        """The policy as standalone code for a fresh process (`python`, `env` or `json`)."""
+        from .tf.export import export
+
+        return export(self.policy, form, self.export_plan())
+
     # ----- editing -------------------------------------------------------------------------
     def parse(self, line: str) -> Edit:
         """Parse a line that must be a policy edit."""
@@ -55,31 +139,31 @@ class Controller:
 
     def edit(self, edits: Iterable[Edit]) -> ApplyReport:
         """Apply all `edits` to the policy, all or nothing, then apply the policy. Only the result is
-        validated, so the lines of a `%%tfgpu` cell may come in any order."""
+        validated, once (by `set_policy`), so the lines of a `%%tfgpu` cell may come in any order."""
         edits = list(edits)
-        policy = self.policy
-        for edit in edits:
-            try:
-                policy = edit.build(policy)
-            except PolicyError as err:
-                raise PolicyError(f"line {edit.line}: {err}" if edit.line else str(err)) from None
-        in_cell = any(edit.line for edit in edits)
-        return self.set_policy(self._validated(policy, "the cell's result: " if in_cell else ""))
+        policy = self._edited(self.policy, edits)
+        try:
+            return self.set_policy(policy)
+        except PolicyError as err:
+            if self.policy is policy:  # raised after the policy was taken: not about these edits
+                raise
+            in_cell = any(edit.line for edit in edits)
+            raise PolicyError(f"the cell's result: {err}" if in_cell else str(err)) from None
 
     def edit_policy(self, lines: Iterable[str], base: Policy | None = None) -> Policy:
         """The policy `lines` (directive strings) make of `base` (default: the current one), validated
         as a whole like a `%%tfgpu` cell; applies nothing."""
-        policy = self.policy if base is None else base
-        for line in lines:
-            policy = self.parse(line).build(policy)
-        return self._validated(policy, "")
+        policy = self._edited(self.policy if base is None else base, [self.parse(line) for line in lines])
+        policy.validate(self._aliases(policy))
+        return policy
 
-    def _validated(self, policy: Policy, context: str) -> Policy:
-        """`policy` if valid, else `PolicyError` prefixed with `context` (what the error concerns)."""
-        try:
-            policy.validate(self._aliases(policy))
-        except PolicyError as err:
-            raise PolicyError(f"{context}{err}") from None
+    def _edited(self, policy: Policy, edits: list[Edit]) -> Policy:
+        """`policy` with every edit applied in turn, not validated; an error names its cell line."""
+        for edit in edits:
+            try:
+                policy = apply_edit(policy, edit, self.catalog)
+            except PolicyError as err:
+                raise PolicyError(f"line {edit.line}: {err}" if edit.line else str(err)) from None
         return policy
 
     def set_policy(self, policy: Policy) -> ApplyReport:
@@ -114,7 +198,7 @@ class Controller:
         state = state or self.state()
         may_look = state.devices_listed or (probe and state.imported and self.policy.growth is True)
         recorded = may_look and any_logical_recorded(self.api)  # only growth's route depends on it
-        inherited = self.environ.get("CUDA_VISIBLE_DEVICES") if state.cuda_fixed else self._inherited_cvd()
+        inherited = self.environ.get(CUDA_VISIBLE_DEVICES) if state.cuda_fixed else self._inherited_cvd()
         plan = build_plan(self.policy, inherited, cuda_started=state.cuda_fixed, aliases=self._aliases(self.policy),
                           logical_recorded=recorded)
         return dataclasses.replace(plan, locked_env=tuple(self._locked_env(plan, state)))
@@ -128,8 +212,8 @@ class Controller:
         (made explicit, since GPU indices depend on it): what `%tfgpu export` writes out."""
         inherited = self._inherited_cvd()
         plan = build_plan(self.policy, inherited, aliases=self._aliases(self.policy))
-        if inherited is not None and "CUDA_VISIBLE_DEVICES" not in plan.env_map:
-            plan = dataclasses.replace(plan, env=(*plan.env, ("CUDA_VISIBLE_DEVICES", inherited)))
+        if inherited is not None and CUDA_VISIBLE_DEVICES not in plan.env_map:
+            plan = dataclasses.replace(plan, env=(*plan.env, (CUDA_VISIBLE_DEVICES, inherited)))
         return plan
 
     def apply(self) -> ApplyReport:
@@ -171,7 +255,7 @@ class Controller:
 
     def _inherited_cvd(self) -> str | None:
         """`CUDA_VISIBLE_DEVICES` as it was before this tool set it."""
-        name = "CUDA_VISIBLE_DEVICES"
+        name = CUDA_VISIBLE_DEVICES
         return self._original_env[name] if name in self._original_env else self.environ.get(name)
 
     def _env_diff(self, plan: Plan) -> list[tuple[str, str | None, str | None]]:
@@ -179,7 +263,7 @@ class Controller:
         the user's own value for those it no longer needs)."""
         wanted = plan.env_map
         diff = []
-        for name in OUR_ENV:
+        for name in NAMES:
             if name in wanted:
                 target = wanted[name]
             elif name in self._original_env:
@@ -192,16 +276,8 @@ class Controller:
 
     @staticmethod
     def _too_late(name: str, state: RuntimeState) -> str | None:
-        """Why TensorFlow or CUDA no longer reads `name`, None while it still does.
-
-        `CUDA_*`: read once, when CUDA starts. `TF_*`: read when each GPU allocator is created
-        (`GPUProcessState::GetGPUAllocator`, `GetAllowGrowthValue`), i.e. at initialization or when a
-        route created GPU devices; on a machine without GPUs they are never read, and stay harmless."""
-        if name in CUDA_ENV:
-            return "read when CUDA started" if state.cuda_fixed else None
-        if state.gpu_memory_fixed:
-            return "read when TensorFlow created the GPU allocators"
-        return None
+        """Why TensorFlow or CUDA no longer reads `name`, None while it still does (`envvars.TABLE`)."""
+        return too_late(name, state)
 
     def _locked_env(self, plan: Plan, state: RuntimeState) -> list[tuple[str, str | None, str | None, str]]:
         """The plan's variable changes that can no longer take effect (restoring one is never locked)."""
@@ -212,7 +288,10 @@ class Controller:
     def _sync_env(self, plan: Plan, state: RuntimeState) -> list[str]:
         """Set our variables as the plan says, restore those it no longer needs; returns what changed.
 
-        Variables TensorFlow or CUDA already read are left alone (`Plan.locked_env` reports them)."""
+        Variables TensorFlow or CUDA already read are left alone (`Plan.locked_env` reports them).
+        Before import, the import hook learns how quiet TensorFlow's own import must be."""
+        if not state.imported:
+            importhook.quiet(plan.loglevel)
         changed = []
         for name, current, target in self._env_diff(plan):
             if self._too_late(name, state):

@@ -14,15 +14,13 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import Callable, Mapping
 
 from .cudaenv import parse_cuda_visible
 from .inventory import Gpu, Inventory
 from ..language.policy import Policy
-from ..tf.runtime import ConfigAPI
-
-if TYPE_CHECKING:
-    from ..controller import Controller
+from ..tf.envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR
+from ..tf.runtime import ASYNC_ALLOCATOR, ConfigAPI
 
 OK, WARN, FAIL, INFO = "ok", "warn", "FAIL", "info"
 TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tf-nightly-cpu", "intel-tensorflow")
@@ -171,26 +169,26 @@ def _check_device_nodes(m: Machine) -> Check:
 
 
 def _check_cuda_visible(m: Machine) -> Check:
-    raw = m.environ.get("CUDA_VISIBLE_DEVICES")
+    raw = m.environ.get(CUDA_VISIBLE_DEVICES)
     parsed = parse_cuda_visible(raw, m.inventory.known_refs())
     if not parsed.restricts:
-        return Check("CUDA_VISIBLE_DEVICES", OK, "not set: every GPU is visible")
+        return Check(CUDA_VISIBLE_DEVICES, OK, "not set: every GPU is visible")
     if parsed.hides_all:
         why = f"stops at its first entry {parsed.stopped_at!r}" if parsed.stopped_at else "is empty"
-        return Check("CUDA_VISIBLE_DEVICES", FAIL, f"{raw!r} {why}: it hides every GPU",
+        return Check(CUDA_VISIBLE_DEVICES, FAIL, f"{raw!r} {why}: it hides every GPU",
                      "`%tfgpu visible all` (or `visible 0`) before importing TensorFlow, or unset it")
     detail = f"{raw!r} → GPUs {', '.join(parsed.entries)}"
     if parsed.stopped_at:
-        return Check("CUDA_VISIBLE_DEVICES", WARN, f"{detail}; CUDA stops at {parsed.stopped_at!r} and ignores the rest",
+        return Check(CUDA_VISIBLE_DEVICES, WARN, f"{detail}; CUDA stops at {parsed.stopped_at!r} and ignores the rest",
                      "remove the invalid entry")
-    return Check("CUDA_VISIBLE_DEVICES", OK, detail)
+    return Check(CUDA_VISIBLE_DEVICES, OK, detail)
 
 
 def _check_device_order(m: Machine) -> Check:
-    order = m.environ.get("CUDA_DEVICE_ORDER")
+    order = m.environ.get(CUDA_DEVICE_ORDER)
     if order == "PCI_BUS_ID":
-        return Check("CUDA_DEVICE_ORDER", OK, "PCI_BUS_ID: TensorFlow's GPU numbers match nvidia-smi's")
-    return Check("CUDA_DEVICE_ORDER", INFO, f"{order or 'unset'} (CUDA's default: fastest first), so 'GPU 1' in TensorFlow "
+        return Check(CUDA_DEVICE_ORDER, OK, "PCI_BUS_ID: TensorFlow's GPU numbers match nvidia-smi's")
+    return Check(CUDA_DEVICE_ORDER, INFO, f"{order or 'unset'} (CUDA's default: fastest first), so 'GPU 1' in TensorFlow "
                  "may be another card than nvidia-smi's GPU 1", "any `%tfgpu` GPU directive sets PCI_BUS_ID")
 
 
@@ -209,25 +207,25 @@ def _check_python(m: Machine) -> Check | None:
 
 
 def _check_forced_growth(m: Machine) -> Check | None:
-    forced = m.environ.get("TF_FORCE_GPU_ALLOW_GROWTH")
+    forced = m.environ.get(TF_FORCE_GPU_ALLOW_GROWTH)
     if forced is None:
         return None
     wanted = m.policy.growth
     if forced in ("true", "false") and wanted is not None and (forced == "true") != wanted:
-        return Check("TF_FORCE_GPU_ALLOW_GROWTH", WARN, f"={forced} overrides the policy's growth {'on' if wanted else 'off'}",
+        return Check(TF_FORCE_GPU_ALLOW_GROWTH, WARN, f"={forced} overrides the policy's growth {'on' if wanted else 'off'}",
                      "unset it, or `%tfgpu growth " + ("on" if forced == "true" else "off") + "`")
     if forced not in ("true", "false"):
-        return Check("TF_FORCE_GPU_ALLOW_GROWTH", WARN, f"={forced!r}: TensorFlow only reads 'true' or 'false'")
-    return Check("TF_FORCE_GPU_ALLOW_GROWTH", INFO, f"={forced}: every GPU allocator uses it")
+        return Check(TF_FORCE_GPU_ALLOW_GROWTH, WARN, f"={forced!r}: TensorFlow only reads 'true' or 'false'")
+    return Check(TF_FORCE_GPU_ALLOW_GROWTH, INFO, f"={forced}: every GPU allocator uses it")
 
 
 def _check_allocator(m: Machine) -> Check | None:
-    if m.environ.get("TF_GPU_ALLOCATOR") != "cuda_malloc_async":
+    if m.environ.get(TF_GPU_ALLOCATOR) != ASYNC_ALLOCATOR:
         return None
     if m.policy.limits or m.policy.splits:
-        return Check("TF_GPU_ALLOCATOR", WARN, "cuda_malloc_async makes the memory limits soft, not hard caps",
+        return Check(TF_GPU_ALLOCATOR, WARN, "cuda_malloc_async makes the memory limits soft, not hard caps",
                      "`%tfgpu allocator bfc` for hard caps")
-    return Check("TF_GPU_ALLOCATOR", INFO, "cuda_malloc_async: memory is allocated on demand")
+    return Check(TF_GPU_ALLOCATOR, INFO, "cuda_malloc_async: memory is allocated on demand")
 
 
 def _check_tf_vs_nvml(m: Machine) -> Check:
@@ -251,7 +249,7 @@ def _check_gpu_order(m: Machine) -> Check | None:
     devices, so cards of one model cannot be told apart by name."""
     if not m.api.state().devices_listed or not m.inventory.available or not m.inventory.gpus:
         return None
-    raw = m.environ.get("CUDA_VISIBLE_DEVICES")
+    raw = m.environ.get(CUDA_VISIBLE_DEVICES)
     refs = parse_cuda_visible(raw, m.inventory.known_refs()).entries if raw is not None else \
         [gpu.ref for gpu in m.inventory.gpus]
     cards = []
@@ -303,11 +301,11 @@ def summary(checks: list[Check]) -> str:
     return f"TensorFlow has no GPU here because: {reasons}. Fix the first one first."
 
 
-def report(machine: Machine) -> str:
-    checks = run_checks(machine)
+def report_text(checks: list[Check]) -> str:
+    """The checks, one block each, then the closing sentence: the doctor's plain-text form."""
     return "\n".join([c.render() for c in checks] + ["", summary(checks)])
 
 
-def doctor(controller: Controller) -> str:
-    """The doctor's report for this process, as the controller sees it."""
-    return report(inspect_machine(controller.environ, controller.inventory(), controller.policy, controller.api))
+def report(machine: Machine) -> str:
+    """The doctor's text for `machine` (`actions.doctor` gives it as a result for notebooks too)."""
+    return report_text(run_checks(machine))

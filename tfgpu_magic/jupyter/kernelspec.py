@@ -22,8 +22,8 @@ from ..errors import PolicyError
 from ..tf.plan import build_plan
 from ..language.policy import Policy
 from ..safefile import read_json, write_atomic
+from ..language.directives import describe_policy
 from .startup import POLICY_ENV
-from ..views.status import describe_policy
 
 if TYPE_CHECKING:
     from jupyter_client.kernelspec import KernelSpecManager

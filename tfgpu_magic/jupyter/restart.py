@@ -13,7 +13,9 @@ file before it answers any cell; loading takes the pending policy.
 
 A server's token goes only to the server that owns this kernel, proven locally before any request:
 its `jpserver-<pid>.json` names a live process that is an ancestor of this kernel (the server
-started it, directly or through a kernelspec's wrapper), and the server then lists this kernel id.
+started it, directly or through a kernelspec's wrapper), that process itself holds the socket
+listening on the file's port (/proc/net/tcp against its file descriptors, on Linux), and the server
+then lists this kernel id.
 Requests go over loopback only (a server listening on every interface is reached at 127.0.0.1 or
 ::1), never through a proxy, never following a redirect; for `https` the certificate is not checked
 (servers on loopback use self-signed ones) since the ancestor pid and the loopback port already
@@ -47,6 +49,8 @@ HTTP_TIMEOUT = 3.0
 REPLY_BYTES = 1 << 20
 """Largest server reply read."""
 ANCESTOR_DEPTH = 16
+LISTEN_STATE = "0A"
+"""TCP_LISTEN in /proc/net/tcp."""
 WILDCARD_HOSTS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "localhost": "127.0.0.1", "::": "::1"}  # noqa: S104
 """Server `hostname`s (its `--ip`) and the loopback address that reaches such a server here."""
 RESTARTING = "Restarting the kernel"
@@ -133,10 +137,45 @@ def ancestors(depth: int = ANCESTOR_DEPTH) -> list[int]:
             parent = int(stat.rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             break
-        if parent <= 1:
+        if parent < 1:
             break
         pids.append(parent)
+        if parent == 1:  # a server running as the container's init is an ancestor too
+            break
     return pids
+
+
+def listens_on(pid: int, port: int) -> bool | None:
+    """Whether process `pid` itself holds the socket listening on loopback port `port` (from
+    /proc/net/tcp{,6} and the process's file descriptors); None where /proc cannot tell (not Linux).
+
+    A `jpserver-*.json` names a pid and a port; a pid that was reused, or an ancestor that is no Jupyter
+    server, must not make whatever answers on that port the owner of this kernel."""
+    tables = [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]
+    if not tables[0].exists():
+        return None
+    try:
+        descriptors = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+    inodes = set()
+    for fd in descriptors:
+        try:
+            inodes.add(os.readlink(fd))
+        except OSError:  # closed meanwhile (the listing's own descriptor among them)
+            continue
+    for table in tables:
+        try:
+            rows = table.read_text(encoding="ascii", errors="replace").splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) < 10 or fields[3] != LISTEN_STATE:
+                continue
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and f"socket:[{fields[9]}]" in inodes:
+                return True
+    return False
 
 
 def loopback_url(info: dict[str, Any]) -> str | None:
@@ -182,6 +221,8 @@ def find_server(kernel_id: str, runtime_dir: Path | None = None) -> Server | Non
         if url is None:
             warn(f"the Jupyter server of {path.name} is not reachable over loopback; its token is not sent")
             continue
+        if listens_on(pid, info["port"]) is False:
+            continue  # the port is not this process's: whatever answers there gets nothing
         token = info.get("token")
         server = Server(url, token if isinstance(token, str) else "", pid, os.environ.get("JUPYTERHUB_API_TOKEN", ""))
         try:
@@ -268,8 +309,8 @@ def _request_restart(shell: Any, server: Server, kernel_id: str, delay: float) -
 
 
 def _post_restart(shell: Any, server: Server, kernel_id: str, delay: float) -> None:
-    """Ask for the restart; if the server refuses, the kernel lives on: say so in its server's log now
-    and at the start of the next cell (the cell that asked has ended)."""
+    """Ask for the restart; if the server refuses, the kernel lives on: say so at the start of the next
+    cell (the cell that asked has ended)."""
     time.sleep(delay)
     try:
         server.request("POST", f"api/kernels/{kernel_id}/restart")
@@ -280,5 +321,4 @@ def _post_restart(shell: Any, server: Server, kernel_id: str, delay: float) -> N
             f"tfgpu_magic: the kernel was NOT restarted: its Jupyter server refused ({_short(err)}). "
             "The policy stays stored; restart the kernel from your front end to apply it."
         )
-        print(message, file=sys.__stderr__)
         on_next(shell, "pre_run_cell", lambda: print(message, file=sys.stderr))

@@ -7,12 +7,13 @@ import difflib
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from ..errors import PolicyError
+from . import directives
+from .directives import lookup
 from .policy import (
     ALL_GPUS,
-    ALLOCATORS,
     MAX_GPU_INDEX,
     MAX_MIB,
     MAX_VIRTUAL_DEVICES,
@@ -24,12 +25,6 @@ from .policy import (
     sort_gpu_items,
     whole_number,
 )
-
-ACTIONS = ("status", "apply", "export", "restart", "doctor", "panel", "default", "autoload", "kernelspec")
-CHOICES = {"export": ("python", "env", "json"), "default": ("save", "clear", "show"), "autoload": ("on", "off")}
-EDITS = ("growth", "limit", "visible", "split", "allocator", "reset")
-GROWTH_CHOICES = ("on", "off", "all")
-"""`all` is the same as `on`: growth always concerns every visible GPU (TensorFlow requires it)."""
 
 MAX_LINE = 32 * 1024
 """Longest directive line read: 256 MIG UUIDs fit; a longer line is a mistake, refused before any work."""
@@ -70,30 +65,33 @@ class GpuCatalog(Protocol):
 
 @dataclass(frozen=True)
 class Edit:
-    """A change to the policy; `change` raises `PolicyError` and then nothing changed."""
+    """A change to the policy, as data: the directive, its parsed arguments, and where it was written.
 
-    text: str
-    build: Callable[[Policy], Policy]
-    """The edited policy, not yet validated (a cell validates only its result)."""
+    GPU references are already resolved and `visible auto` already picked at parse time; only what
+    depends on the policy it is applied to (`limit NN%` on every visible card) waits for
+    `apply_edit`."""
+
+    name: str
+    args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     line: int = 0
     """Line number in a `%%tfgpu` cell (0 for a line magic), named in errors."""
 
-    def change(self, policy: Policy) -> Policy:
-        """The edited policy, validated on its own."""
-        new = self.build(policy)
+    def change(self, policy: Policy, catalog: GpuCatalog | None = None) -> Policy:
+        """The edited policy, validated on its own (a script's or a test's single step)."""
+        new = apply_edit(policy, self, catalog)
         new.validate()
         return new
 
 
 @dataclass(frozen=True)
 class Action:
-    """Something to do rather than a policy change: one of `ACTIONS`, with its argument if any."""
+    """Something to do rather than a policy change: one of `directives.ACTIONS`, with its argument."""
 
     name: str
     arg: str | None = None
 
 
-Directive = Edit | Action
+Parsed = Edit | Action
 
 
 def split_words(line: str) -> list[str]:
@@ -140,7 +138,7 @@ def not_one_of(what: str, given: str, choices: Sequence[str]) -> PolicyError:
     return PolicyError(f"{what}: expected {' | '.join(choices)}, got {quote(given)}{suggest(given, choices)}")
 
 
-def parse_line(line: str, catalog: GpuCatalog | None = None) -> Directive:
+def parse_line(line: str, catalog: GpuCatalog | None = None) -> Parsed:
     """Parse one directive line, e.g. `"limit 4GB 0,1"`."""
     return parse_words(split_words(line), catalog)
 
@@ -155,79 +153,125 @@ def parse_cell(text: str, catalog: GpuCatalog | None = None) -> list[Edit]:
             words = split_words(line)
             if not words:
                 continue
-            directive = parse_words(words, catalog)
+            parsed = parse_words(words, catalog)
         except PolicyError as err:
             raise PolicyError(f"line {number}: {err}") from None
-        if not isinstance(directive, Edit):
+        if not isinstance(parsed, Edit):
             raise PolicyError(
-                f"line {number}: `{directive.name}` is not allowed in a %%tfgpu cell "
-                f"(only {', '.join(EDITS)}); run it as a line magic"
+                f"line {number}: `{parsed.name}` is not allowed in a %%tfgpu cell "
+                f"(only {', '.join(directives.CELL_NAMES)}); run it as a line magic"
             )
-        edits.append(dataclasses.replace(directive, line=number))
+        edits.append(dataclasses.replace(parsed, line=number))
     return edits
 
 
-def parse_words(words: Sequence[str], catalog: GpuCatalog | None = None) -> Directive:
+def parse_words(words: Sequence[str], catalog: GpuCatalog | None = None) -> Parsed:
     """Parse a directive already split into words. Empty means `status`."""
     if not words:
         return Action("status")
-    head, args = words[0].lower(), list(words[1:])
-    text = " ".join(words)
-    if head in ("status", "apply", "restart", "doctor", "panel"):
-        _expect(head, args, 0, 0)
-        return Action(head)
-    if head in CHOICES:
-        choices = CHOICES[head]
-        _expect(head, args, 0 if head == "export" else 1, 1, " | ".join(choices))
-        choice = args[0].lower() if args else choices[0]
-        if choice not in choices:
-            raise not_one_of(head, args[0], choices)
-        return Action(head, choice)
-    if head == "kernelspec":
-        _expect(head, args, 1, 1, "NAME [--display-name TEXT] [--remove]")
+    spec = lookup(words[0])
+    if spec is None:
+        hint = suggest(words[0], directives.NAMES)
+        raise PolicyError(
+            f"unknown directive {quote(words[0])}"
+            + (hint or f"; expected one of {', '.join(directives.NAMES)} (see %tfgpu?)")
+        )
+    args = list(words[1:])
+    if spec.kind == "action":
+        return _action(spec, args)
+    if spec.field is not None:  # one word of a closed set sets one field
+        _expect_spec(spec, args)
+        return Edit(spec.name, {"value": spec.value(_choice(spec, args[0]))})
+    return Edit(spec.name, _EDITS[spec.name][0](args, catalog))
+
+
+def default_edit(name: str) -> Edit:
+    """The edit that gives a field directive's part of the policy back to TensorFlow's default (the
+    panel's "TF default"); `PolicyError` for a directive that sets no single field."""
+    spec = directives.spec(name)
+    if spec.kind != "edit" or spec.field is None:
+        raise PolicyError(f"`{name}` sets no single policy field")
+    return Edit(spec.name, {"value": None})
+
+
+def apply_edit(policy: Policy, edit: Edit, catalog: GpuCatalog | None = None) -> Policy:
+    """The policy `edit` makes of `policy`, not validated: the steps of a `%%tfgpu` cell may
+    contradict each other on the way, only the cell's result is validated."""
+    field = directives.spec(edit.name).field
+    if field is not None:
+        return policy.edited(**{field: edit.args["value"]})
+    return _EDITS[edit.name][1](policy, edit.args, catalog)
+
+
+def _expect_spec(spec: directives.Directive, args: list[str]) -> None:
+    _expect(spec.name, args, *spec.arity, spec.synopsis)
+
+
+def _choice(spec: directives.Directive, word: str) -> str:
+    """`word` as one of the directive's closed choices (any case), else the near-miss error."""
+    choice = word.lower()
+    if choice not in spec.choices:
+        raise not_one_of(spec.name, word, spec.choices)
+    return choice
+
+
+# ----- actions ----------------------------------------------------------------------------------
+def _action(spec: directives.Directive, args: list[str]) -> Action:
+    _expect_spec(spec, args)
+    if spec.name == "kernelspec":
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args[0], re.ASCII):
             raise PolicyError(
                 f"kernelspec: {quote(args[0])} is not a valid name; use letters, digits, '.', '_' and '-'"
             )
-        return Action(head, args[0].lower())
-    parser = _EDIT_PARSERS.get(head)
-    if parser is None:
-        hint = suggest(head, EDITS + ACTIONS)
-        raise PolicyError(
-            f"unknown directive {quote(words[0])}"
-            + (hint or f"; expected one of {', '.join(EDITS + ACTIONS)} (see %tfgpu?)")
-        )
-    return Edit(text, parser(args, catalog))
+        return Action(spec.name, args[0].lower())
+    if spec.choices:
+        return Action(spec.name, _choice(spec, args[0]) if args else spec.choices[0])
+    return Action(spec.name)
 
 
-# ----- edits ------------------------------------------------------------------------------------
-def _growth(args: list[str], catalog: GpuCatalog | None) -> Callable[[Policy], Policy]:
-    _expect("growth", args, 1, 1, " | ".join(GROWTH_CHOICES))
-    word = args[0].lower()
-    if word not in GROWTH_CHOICES:
-        raise not_one_of("growth", args[0], GROWTH_CHOICES)
-    enable = word != "off"
-    return lambda policy: policy.edited(growth=enable)
+# ----- edits: a parser (words → arguments) and an applier (policy, arguments → policy) each ---------
+Args = dict[str, Any]
+Parser = Callable[[list[str], GpuCatalog | None], Args]
+Applier = Callable[[Policy, Mapping[str, Any], GpuCatalog | None], Policy]
+_EDITS: dict[str, tuple[Parser, Applier]] = {}
+"""Edit name → (parser, applier) for every edit that is not a field edit (`Directive.field`);
+tests/test_registry.py checks that the registry agrees."""
 
 
-def _limit(args: list[str], catalog: GpuCatalog | None) -> Callable[[Policy], Policy]:
+def _edit(name: str, parser: Parser) -> Callable[[Applier], Applier]:
+    """Register `parser` and the decorated applier as edit `name`."""
+
+    def register(applier: Applier) -> Applier:
+        _EDITS[name] = (parser, applier)
+        return applier
+
+    return register
+
+
+def _parse_limit(args: list[str], catalog: GpuCatalog | None) -> Args:
     _check_spaced_unit("limit", args)
-    _expect("limit", args, 1, 2, "SIZE [GPUS] | off [GPUS]")
+    _expect_spec(directives.spec("limit"), args)
     gpus = parse_gpus(args[1], catalog) if len(args) == 2 else None
     if args[0].lower() == "off":
-        return lambda policy: _limit_off(policy, gpus)
+        return {"off": True, "gpus": gpus}
     size = parse_size(args[0])
-    if gpus is None and _is_percent(size):  # every visible card, each by its own total
-        return lambda policy: policy.edited(limits=sort_gpu_items(_percent_of_unsplit(size, catalog, policy)))
+    if gpus is None and _is_percent(size):  # every visible card, each by its own total, when applied
+        return {"percent": float(size)}
     if gpus is None:
-        return lambda policy: policy.edited(limits=((ALL_GPUS, int(size)),))
-    entries = _per_gpu_mib(size, catalog, gpus)
+        return {"mib": int(size)}
+    return {"entries": tuple(_per_gpu_mib(size, catalog, gpus))}
 
-    def change(policy: Policy) -> Policy:
-        limits = {**policy.limit_map, **dict(entries)}
-        return policy.edited(limits=sort_gpu_items(limits.items()))
 
-    return change
+@_edit("limit", _parse_limit)
+def _apply_limit(policy: Policy, args: Mapping[str, Any], catalog: GpuCatalog | None) -> Policy:
+    if args.get("off"):
+        return _limit_off(policy, args["gpus"])
+    if "percent" in args:
+        return policy.edited(limits=sort_gpu_items(_percent_of_unsplit(Percent(args["percent"]), catalog, policy)))
+    if "mib" in args:
+        return policy.edited(limits=((ALL_GPUS, args["mib"]),))
+    limits = {**policy.limit_map, **dict(args["entries"])}
+    return policy.edited(limits=sort_gpu_items(limits.items()))
 
 
 def _limit_off(policy: Policy, gpus: tuple[str, ...] | None) -> Policy:
@@ -242,16 +286,16 @@ def _limit_off(policy: Policy, gpus: tuple[str, ...] | None) -> Policy:
     return policy.edited(limits=sort_gpu_items(limits.items()))
 
 
-def _visible(args: list[str], catalog: GpuCatalog | None) -> Callable[[Policy], Policy]:
-    _expect("visible", args, 1, 1, "GPUS | all | none")
+def _parse_visible(args: list[str], catalog: GpuCatalog | None) -> Args:
+    _expect_spec(directives.spec("visible"), args)
     word = args[0].lower()
     if word == "all":
-        return lambda policy: policy.edited(visible=None, sources=())
+        return {"gpus": None}
     if word == "none":
-        return lambda policy: policy.edited(visible=(), sources=())
+        return {"gpus": ()}
     if word == "auto" or word.startswith("auto:"):
         gpus, why = _auto_pick(word, catalog)
-        return lambda policy: policy.edited(visible=gpus, sources=(("visible", why),))
+        return {"gpus": gpus, "why": why}
     gpus = parse_gpus(args[0], catalog)
     migs = [gpu for gpu in gpus if catalog.is_mig(gpu)] if catalog is not None else []
     if len(migs) > 1:
@@ -259,7 +303,13 @@ def _visible(args: list[str], catalog: GpuCatalog | None) -> Callable[[Policy], 
             f"visible: {len(migs)} MIG instances given, but CUDA uses only one MIG instance per process; "
             "pick one (or run one kernel per instance)"
         )
-    return lambda policy: policy.edited(visible=gpus, sources=())
+    return {"gpus": gpus}
+
+
+@_edit("visible", _parse_visible)
+def _apply_visible(policy: Policy, args: Mapping[str, Any], catalog: GpuCatalog | None) -> Policy:
+    why = args.get("why")
+    return policy.edited(visible=args["gpus"], sources=(("visible", why),) if why else ())
 
 
 def _auto_pick(word: str, catalog: GpuCatalog | None) -> tuple[tuple[str, ...], str]:
@@ -275,68 +325,53 @@ def _auto_pick(word: str, catalog: GpuCatalog | None) -> tuple[tuple[str, ...], 
     return tuple(g.uuid for g in picked), why
 
 
-def _split(args: list[str], catalog: GpuCatalog | None) -> Callable[[Policy], Policy]:
+def _parse_split(args: list[str], catalog: GpuCatalog | None) -> Args:
     _check_spaced_unit("split", args)
-    _expect("split", args, 1, 2, "GPU COUNTxSIZE | GPU SIZE,SIZE,... | cpu COUNT | off [GPU | cpu]")
+    _expect_spec(directives.spec("split"), args)
     target = args[0].lower()
     if target == "off":
-        which = args[1] if len(args) == 2 else None
-        return _split_off(which, catalog)
+        if len(args) == 1:
+            return {"off": None}
+        which = args[1]
+        return {"off": "cpu" if which.lower() == "cpu" else parse_gpu(which, catalog)}
     if len(args) != 2:
         if target == "cpu":
             raise PolicyError("split cpu: missing COUNT, e.g. `split cpu 2`")
         gpu = parse_gpu(args[0], catalog)
         raise PolicyError(f"split {gpu}: missing the parts, e.g. `split {gpu} 2x2GB`")
     if target == "cpu":
-        count = parse_count(args[1], "split cpu")
-        return lambda policy: policy.edited(cpu_devices=count)
+        return {"cpu": parse_count(args[1], "split cpu")}
     gpu = parse_gpu(args[0], catalog)
-    sizes = parse_parts(args[1], gpu, catalog)
-
-    def change(policy: Policy) -> Policy:
-        splits = {**policy.split_map, gpu: sizes}
-        return policy.edited(splits=sort_gpu_items(splits.items()))
-
-    return change
+    return {"gpu": gpu, "sizes": parse_parts(args[1], gpu, catalog)}
 
 
-def _split_off(which: str | None, catalog: GpuCatalog | None) -> Callable[[Policy], Policy]:
+@_edit("split", _parse_split)
+def _apply_split(policy: Policy, args: Mapping[str, Any], catalog: GpuCatalog | None) -> Policy:
+    if "cpu" in args:
+        return policy.edited(cpu_devices=args["cpu"])
+    if "gpu" in args:
+        return policy.edited(splits=sort_gpu_items({**policy.split_map, args["gpu"]: args["sizes"]}.items()))
+    which = args["off"]
     if which is None:
-        return lambda policy: policy.edited(splits=(), cpu_devices=None)
-    if which.lower() == "cpu":
-        return lambda policy: policy.edited(cpu_devices=None)
-    gpu = parse_gpu(which, catalog)
-
-    def change(policy: Policy) -> Policy:
-        splits = policy.split_map
-        if splits.pop(gpu, None) is None:
-            raise PolicyError(f"split off: GPU {gpu} is not split")
-        return policy.edited(splits=sort_gpu_items(splits.items()))
-
-    return change
+        return policy.edited(splits=(), cpu_devices=None)
+    if which == "cpu":
+        return policy.edited(cpu_devices=None)
+    splits = policy.split_map
+    if splits.pop(which, None) is None:
+        raise PolicyError(f"split off: GPU {which} is not split")
+    return policy.edited(splits=sort_gpu_items(splits.items()))
 
 
-def _allocator(args: list[str], catalog: GpuCatalog | None) -> Callable[[Policy], Policy]:
-    _expect("allocator", args, 1, 1, " | ".join(ALLOCATORS))
-    name = args[0].lower()
-    if name not in ALLOCATORS:
-        raise not_one_of("allocator", args[0], tuple(ALLOCATORS))
-    return lambda policy: policy.edited(allocator=name)
+def _parse_reset(args: list[str], catalog: GpuCatalog | None) -> Args:
+    _expect_spec(directives.spec("reset"), args)
+    return {}
 
 
-def _reset(args: list[str], catalog: GpuCatalog | None) -> Callable[[Policy], Policy]:
-    _expect("reset", args, 0, 0)
-    return lambda policy: Policy()
+@_edit("reset", _parse_reset)
+def _apply_reset(policy: Policy, args: Mapping[str, Any], catalog: GpuCatalog | None) -> Policy:
+    return Policy()
 
 
-_EDIT_PARSERS = {
-    "growth": _growth,
-    "limit": _limit,
-    "visible": _visible,
-    "split": _split,
-    "allocator": _allocator,
-    "reset": _reset,
-}
 
 
 # ----- values -----------------------------------------------------------------------------------

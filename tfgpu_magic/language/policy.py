@@ -8,12 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from ..errors import PolicyError
-
-ALL_GPUS = "all"
-"""Key in `Policy.limits` for 'every visible GPU'."""
-
-ALLOCATORS = {"bfc": None, "async": "cuda_malloc_async"}
-"""Allocator names of the grammar and the `TF_GPU_ALLOCATOR` value each one sets (None: unset)."""
+from .words import ALL_GPUS, ALLOCATORS, LOGLEVELS
 
 MAX_MIB = 1024 * 1024
 """Largest memory size accepted (1 TiB); larger is surely a typo."""
@@ -110,6 +105,7 @@ class Policy:
     splits: tuple[tuple[str, tuple[int, ...]], ...] = ()
     cpu_devices: int | None = None
     allocator: str | None = None
+    loglevel: str | None = None
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     """Free-form notes on how a field was chosen (e.g. `visible auto`), shown by the status."""
 
@@ -167,6 +163,8 @@ class Policy:
             )
         if self.allocator is not None and self.allocator not in ALLOCATORS:
             raise PolicyError(f"allocator: expected one of {', '.join(ALLOCATORS)}, got {quote(self.allocator)}")
+        if self.loglevel is not None and self.loglevel not in LOGLEVELS:
+            raise PolicyError(f"loglevel: expected one of {', '.join(LOGLEVELS)}, got {quote(self.loglevel)}")
         self._check_visible(same)
 
     def _check_visible(self, same: Callable[[str], str]) -> None:
@@ -198,6 +196,7 @@ class Policy:
             "splits": {gpu: list(sizes) for gpu, sizes in self.splits},
             "cpu_devices": self.cpu_devices,
             "allocator": self.allocator,
+            "loglevel": self.loglevel,
         }
 
     @classmethod
@@ -212,6 +211,7 @@ class Policy:
         growth = data.get("growth")
         cpu = data.get("cpu_devices")
         allocator = data.get("allocator")
+        loglevel = data.get("loglevel")
         if visible is not None and not _is_str_list(visible):
             raise PolicyError("policy 'visible' must be null or a list of GPU references")
         if isinstance(visible, list):
@@ -222,6 +222,8 @@ class Policy:
             raise PolicyError("policy 'cpu_devices' must be an integer or null")
         if allocator is not None and not isinstance(allocator, str):
             raise PolicyError("policy 'allocator' must be a string or null")
+        if loglevel is not None and not isinstance(loglevel, str):
+            raise PolicyError("policy 'loglevel' must be a string or null")
         policy = cls(
             visible=None if visible is None else tuple(visible),
             growth=growth,
@@ -229,6 +231,7 @@ class Policy:
             splits=sort_gpu_items((gpu, tuple(sizes)) for gpu, sizes in _list_items(_or_empty(data, "splits"))),
             cpu_devices=cpu,
             allocator=allocator,
+            loglevel=loglevel,
         )
         policy.validate()
         return policy

@@ -6,6 +6,7 @@ import json
 import shlex
 
 from ..errors import PolicyError
+from .envvars import TF_FORCE_GPU_ALLOW_GROWTH
 from .plan import Plan, build_plan
 from ..language.policy import Policy
 
@@ -33,6 +34,14 @@ def to_python(plan: Plan) -> str:
     for name, value in plan.env:
         lines.append(f"os.environ[{name!r}] = {value!r}" if value is not None else f"os.environ.pop({name!r}, None)")
     lines += ["", "import tensorflow as tf", ""]
+    if plan.loglevel is not None:
+        lines += [
+            "# The lines TensorFlow prints before its C++ level applies (the oneDNN notice) stay; only",
+            f"# tfgpu_magic.configure('loglevel {plan.loglevel}') before the import hides them too.",
+            f"tf.get_logger().setLevel({plan.loglevel.upper()!r})",
+            "import absl.logging",
+            f"absl.logging.set_verbosity({plan.loglevel!r})",
+        ]
     if plan.gpu_configs or plan.growth is not None:
         lines.append('gpus = tf.config.list_physical_devices("GPU")')
     if plan.gpu_configs:
@@ -68,7 +77,7 @@ def to_env(plan: Plan) -> str:
     """Shell lines for what environment variables can express; the rest as comments."""
     env = plan.env_map
     if plan.growth is not None:
-        env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true" if plan.growth else "false"
+        env[TF_FORCE_GPU_ALLOW_GROWTH] = "true" if plan.growth else "false"
     lines = [HEADER.replace("run it", "source it"), *_note_comments(plan)]
     for name, value in env.items():
         lines.append(f"export {name}={shlex.quote(value)}" if value is not None else f"unset {name}")

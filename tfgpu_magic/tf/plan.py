@@ -11,21 +11,15 @@ from typing import Mapping, Sequence
 
 from ..gpus.cudaenv import parse_cuda_visible
 from ..language.policy import ALL_GPUS, ALLOCATORS, Policy, is_index
+from .envvars import (CPP_LOG_LEVEL, CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, NAMES, TF_CPP_MIN_LOG_LEVEL,
+                      TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR)
 
-OUR_ENV = (
-    "CUDA_DEVICE_ORDER",
-    "CUDA_VISIBLE_DEVICES",
-    "TF_GPU_ALLOCATOR",
-    "TF_FORCE_GPU_ALLOW_GROWTH",
-)
-"""Every environment variable this tool may set; `reset` restores them."""
-
-CUDA_ENV = ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES")
-"""Read once, when CUDA starts (TensorFlow's first device listing)."""
+OUR_ENV = NAMES
+"""Every environment variable this tool may set (`envvars.TABLE`); `reset` restores them."""
 
 
-GROWTH_WITH_CAPS = "growth goes through TF_FORCE_GPU_ALLOW_GROWTH=true: TF refuses set_memory_growth on a limited GPU"
-GROWTH_WITH_CPU_SPLIT = "growth goes through TF_FORCE_GPU_ALLOW_GROWTH=true: any logical device makes TF drop it"
+GROWTH_WITH_CAPS = f"growth goes through {TF_FORCE_GPU_ALLOW_GROWTH}=true: TF refuses set_memory_growth on a limited GPU"
+GROWTH_WITH_CPU_SPLIT = f"growth goes through {TF_FORCE_GPU_ALLOW_GROWTH}=true: any logical device makes TF drop it"
 """Why growth is set through the environment (context.py `_compute_device_options` drops allow_growth
 once any virtual device exists; `GetAllowGrowthValue` in gpu_bfc_allocator.cc reads the variable)."""
 
@@ -50,6 +44,9 @@ class Plan:
     """Things the user should know about how the policy is realised."""
     locked_env: tuple[tuple[str, str | None, str | None, str], ...] = ()
     """(name, current, wanted, why) of variables the plan wants changed that were read already."""
+    loglevel: str | None = None
+    """Lowest severity TensorFlow's logs still show (None: TensorFlow's default): the C++ side
+    through `env`, the Python loggers once TensorFlow is imported."""
 
     @property
     def env_map(self) -> dict[str, str | None]:
@@ -136,11 +133,11 @@ def build_plan(
     else:
         order = visible_order(policy, inherited_visible)
         if uses_gpu_settings(policy):
-            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+            env[CUDA_DEVICE_ORDER] = "PCI_BUS_ID"
         if policy.visible is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(policy.visible)
+            env[CUDA_VISIBLE_DEVICES] = ",".join(policy.visible)
     if policy.allocator is not None:
-        env["TF_GPU_ALLOCATOR"] = ALLOCATORS[policy.allocator]
+        env[TF_GPU_ALLOCATOR] = ALLOCATORS[policy.allocator]
 
     gpu_configs: list[tuple[int | None, tuple[int, ...]]] = []
     for ref, sizes in [(gpu, (mib,)) for gpu, mib in policy.limits] + list(policy.splits):
@@ -157,12 +154,12 @@ def build_plan(
     has_virtual = bool(gpu_configs) or policy.cpu_devices is not None or logical_recorded
     pool = policy.allocator == "async"
     if policy.growth is True and has_virtual:
-        env["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
+        env[TF_FORCE_GPU_ALLOW_GROWTH] = "true"
         growth = None
         if not pool:
             notes.append(GROWTH_WITH_CAPS if gpu_configs else GROWTH_WITH_CPU_SPLIT)
     elif policy.growth is not None:
-        env["TF_FORCE_GPU_ALLOW_GROWTH"] = None
+        env[TF_FORCE_GPU_ALLOW_GROWTH] = None
     if pool:
         # GPUProcessState::GetGPUAllocator (gpu_process_state.cc): cuda_malloc_async replaces the BFC
         # allocator; the limit becomes the pool's release threshold, shared by logical GPUs of one card.
@@ -170,6 +167,9 @@ def build_plan(
             notes.append("with cuda_malloc_async a memory limit is soft (the pool's release threshold), not a cap")
         if policy.growth is not None:
             notes.append("with cuda_malloc_async memory growth is moot: the pool allocates on demand")
+    loglevel = policy.loglevel
+    if loglevel is not None:
+        env[TF_CPP_MIN_LOG_LEVEL] = CPP_LOG_LEVEL[loglevel]
     for ref in unresolved:
         why = ("it is not among the GPUs CUDA will use" if is_index(aliases.get(ref, ref) if aliases else ref)
                else "a UUID needs the GPU inventory (or list it in `visible`)")
@@ -182,4 +182,5 @@ def build_plan(
         visible_gpus=visible_gpus,
         unresolved=tuple(unresolved),
         notes=tuple(notes),
+        loglevel=loglevel,
     )

@@ -8,11 +8,14 @@ TensorFlow's real rules (tests/fake_tf.py), and check the fake against real Tens
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
+from . import envvars
+from .envvars import TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR, Moment
 from .plan import Plan
 
 LOCKED_MARKER = "cannot be modified after"
@@ -47,6 +50,15 @@ class RuntimeState:
         """The GPU allocators exist: growth, limits, splits and `TF_*` allocator variables are fixed."""
         return self.initialized or self.devices_created is not None
 
+    def passed(self, moment: Moment) -> bool:
+        """Whether `moment` (when a reader reads its environment variables) lies behind us."""
+        return {
+            envvars.IMPORT: self.imported,
+            envvars.CUDA_START: self.cuda_fixed,
+            envvars.ALLOCATOR_CREATION: self.gpu_memory_fixed,
+            envvars.INITIALIZATION: self.initialized,
+        }[moment]
+
     @property
     def label(self) -> str:
         if self.initialized:
@@ -60,6 +72,14 @@ class RuntimeState:
         if self.cuda_elsewhere is not None and not self.devices_listed:
             return f"{base}, but CUDA already started ({self.cuda_elsewhere}): CUDA_* changes no longer take effect"
         return base
+
+
+def too_late(name: str, state: RuntimeState) -> str | None:
+    """Why a change of environment variable `name` no longer takes effect, None while it still does
+    (the table's read time against TensorFlow's state). On a machine without GPUs the allocator
+    variables are never read, and stay harmless."""
+    moment = envvars.read_at(name)
+    return moment.too_late if state.passed(moment) else None
 
 
 _created_by: str | None = None
@@ -174,6 +194,8 @@ class ConfigAPI(Protocol):
     """The module attributes that create devices outside the eager context."""
     def record_devices_created(self, route: str) -> None: ...
     """Remember (once, process-wide) that `route` created GPU devices; `state()` reports it."""
+    def set_loglevel(self, level: str | None) -> list[str]: ...
+    """Set TensorFlow's Python loggers to `level` (None: back to how they were); what changed."""
 
 
 @dataclass(frozen=True)
@@ -244,6 +266,9 @@ class TensorFlowConfig:
 
     def record_devices_created(self, route: str) -> None:
         record_devices_created(route)
+
+    def set_loglevel(self, level: str | None) -> list[str]:
+        return set_python_loglevel(level)
 
     def device_routes(self) -> list[Route]:
         try:
@@ -351,7 +376,7 @@ def pending_changes(plan: Plan, api: ConfigAPI) -> tuple[list[Change], list[str]
     if missing:
         notes.append(f"TensorFlow sees {len(gpus)} GPU(s); no GPU:{', GPU:'.join(map(str, missing))} to configure")
     wants_gpu = plan.growth is not None or plan.gpu_configs or plan.visible_gpus
-    if not gpus and (wants_gpu or plan.env_map.get("TF_FORCE_GPU_ALLOW_GROWTH") == "true"):
+    if not gpus and (wants_gpu or plan.env_map.get(TF_FORCE_GPU_ALLOW_GROWTH) == "true"):
         notes.append("TensorFlow sees no GPU: the GPU settings have nothing to apply to here")
     return changes, notes
 
@@ -417,6 +442,8 @@ def apply_plan(plan: Plan, api: ConfigAPI | None = None) -> ApplyReport:
     """
     api = api or TensorFlowConfig()
     report = ApplyReport(state=api.state())
+    if report.state.imported:
+        report.applied += api.set_loglevel(plan.loglevel)
     if not plan.has_tf_steps and not report.state.devices_listed:
         report.locked = [change.describe() for change in env_changes(plan)]
         return report  # nothing for tf.config, and listing devices would start CUDA for nothing
@@ -444,6 +471,44 @@ def apply_plan(plan: Plan, api: ConfigAPI | None = None) -> ApplyReport:
     return report
 
 
+PYTHON_LOGGERS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+"""The `logging` level of each `loglevel` (absl's Python verbosity follows the same names)."""
+
+_python_defaults: dict[str, Any] = {}
+"""The loggers' levels before this tool first set them, restored by `loglevel off`."""
+
+
+def set_python_loglevel(level: str | None) -> list[str]:
+    """Set the `tensorflow` logger (and absl's, when absl is loaded) to `level`; None restores the
+    levels they had before. Unlike the C++ level these stay settable for the whole process.
+    Returns one line per logger that changed."""
+    loggers: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
+    tf_logger = logging.getLogger("tensorflow")
+    loggers["tensorflow"] = (lambda: tf_logger.level, tf_logger.setLevel)
+    absl = sys.modules.get("absl.logging")
+    if absl is not None and hasattr(absl, "get_verbosity") and hasattr(absl, "set_verbosity"):
+        loggers["absl"] = (absl.get_verbosity, absl.set_verbosity)
+    changed = []
+    for name, (get, put) in loggers.items():
+        if level is None and name not in _python_defaults:
+            continue
+        _python_defaults.setdefault(name, get())
+        if level is None:
+            wanted = _python_defaults.pop(name)
+        else:
+            wanted = PYTHON_LOGGERS[level] if name == "tensorflow" else _absl_verbosity(absl, level)
+        if get() != wanted:
+            put(wanted)
+            shown = f"{level} and above" if level is not None else "back to its own level"
+            changed.append(f"Python logger {name}: {shown}")
+    return changed
+
+
+def _absl_verbosity(absl: Any, level: str) -> Any:
+    """absl's verbosity for `level` (its own constants: DEBUG 1 … ERROR -2)."""
+    return getattr(absl, level.upper())
+
+
 def _first_line(err: BaseException) -> str:
     """TensorFlow's C++ errors carry multi-line context; the report keeps one line each."""
     text = str(getattr(err, "message", None) or err).strip()
@@ -464,7 +529,7 @@ def recorded_settings(api: ConfigAPI | None = None) -> list[str]:
     # GPUProcessState::GetGPUAllocator (gpu_process_state.cc): under cuda_malloc_async the BFC allocator
     # is not built, so allow_growth has no effect and a memory limit only sets the pool's release
     # threshold (GpuCudaMallocAsyncAllocator, gpu_cudamallocasync_allocator.cc). Read, not run.
-    pool = api.getenv("TF_GPU_ALLOCATOR") == ASYNC_ALLOCATOR
+    pool = api.getenv(TF_GPU_ALLOCATOR) == ASYNC_ALLOCATOR
     for gpu in api.devices("GPU"):
         hidden = "" if api.name(gpu) in visible else ", hidden"
         logical = api.get_logical(gpu)

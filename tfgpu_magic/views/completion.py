@@ -1,8 +1,8 @@
 """Tab completion for `%tfgpu` lines and `%%tfgpu` cells: directive names, then the arguments that
 are a closed set (`on | off`, `bfc | async`, GPU indices of this machine, ...).
 
-Registered at `%load_ext` as an IPython completion matcher (API v2, IPython >= 8.6); the grammar
-is imported at the first Tab, not at load.
+Registered at `%load_ext` as an IPython completion matcher (API v2, IPython >= 8.6). What each
+position offers comes from the registry of directives (`language.directives`).
 """
 
 from __future__ import annotations
@@ -64,29 +64,22 @@ def directive_words(full_text: str, cursor_line: int, before_cursor: str) -> tup
 
 
 def candidates(done: list[str], cell: bool, controller: Callable[[], Any]) -> Sequence[str]:
-    """What may come after the words `done`; empty where the next word is free (a size, a name)."""
-    from ..language.grammar import ACTIONS, CHOICES, EDITS, GROWTH_CHOICES
-    from ..language.policy import ALLOCATORS
+    """What may come after the words `done`, from the registry's slots and options; empty where the
+    next word is free (a size, a name)."""
+    from ..language import directives
 
     if not done:
-        return EDITS if cell else EDITS + ACTIONS
-    head, count = done[0].lower(), len(done)
-    if count == 1 and head in CHOICES:
-        return CHOICES[head]
-    table: dict[tuple[str, int], Callable[[], Sequence[str]]] = {
-        ("growth", 1): lambda: GROWTH_CHOICES,
-        ("allocator", 1): lambda: tuple(ALLOCATORS),
-        ("limit", 1): lambda: ("off",),
-        ("limit", 2): lambda: gpu_indices(controller),
-        ("visible", 1): lambda: ("all", "none", "auto", *gpu_indices(controller)),
-        ("split", 1): lambda: ("cpu", "off", *gpu_indices(controller)),
-        ("split", 2): lambda: ("cpu", *gpu_indices(controller)) if done[1].lower() == "off" else (),
-        ("restart", 1): lambda: ("--yes",),
-    }
-    if head == "kernelspec" and count >= 2 and not cell:
-        return ("--display-name", "--remove")
-    found = table.get((head, count))
-    return found() if found is not None else ()
+        return directives.CELL_NAMES if cell else directives.NAMES
+    spec = directives.lookup(done[0])
+    if spec is None:
+        return ()
+    position = len(done) - 1
+    if spec.options and not cell and position >= spec.arity[0]:
+        return tuple(option.name for option in spec.options)
+    slot = spec.slots[position] if position < len(spec.slots) else None
+    if slot is None or (slot.after is not None and done[-1].lower() != slot.after):
+        return ()
+    return (*slot.words, *gpu_indices(controller)) if slot.gpus else slot.words
 
 
 def gpu_indices(controller: Callable[[], Any]) -> list[str]:

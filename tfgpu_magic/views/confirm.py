@@ -1,5 +1,5 @@
 """The confirmation step of `%tfgpu restart` in a notebook: one button, shown once, and only where
-pressing it restarts the kernel (`restart.Route.restarts`; `commands._restart` decides)."""
+pressing it restarts the kernel (`restart.Route.restarts`; `actions.restart` decides)."""
 
 from __future__ import annotations
 

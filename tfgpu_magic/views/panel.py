@@ -4,61 +4,34 @@ Every panel edit is turned into a directive and goes through the same grammar an
 `%tfgpu`, so a bad value gives the magic's one-line message and changes nothing. Every controller
 change (from the magic, another panel or a restart) refreshes every open panel. ipywidgets is
 imported only when a panel is built.
+
+The panel reads and edits only through the controller's public methods (the same ones the magic's
+actions use); the restart it is given comes from `actions.open_panel`, so it imports neither the
+actions nor the magic.
 """
 
 from __future__ import annotations
 
 import html
 import threading
-from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..controller import Controller, get_controller
+from ..controller import Controller, GpuRow, get_controller
 from ..errors import PolicyError
-from ..tf.export import export
-from ..gpus.inventory import Gpu
-from ..language.policy import ALL_GPUS, Policy
 from ..jupyter.restart import TO_DO_FRONTEND
-from .status import describe_report, pending_groups
+from ..language.grammar import default_edit
+from ..language.policy import LOGLEVELS
+from .results import OK_COLOR, WARN_COLOR, badge
+from .status import describe_report
 
 REFRESH_SECONDS = 2.0
 LOCKED_REASON = "TensorFlow is initialized: edits below are recorded and apply with Restart kernel and apply"
-LOCK_BADGE = (
-    "border:1px solid var(--jp-warn-color1, #f57c00);color:var(--jp-warn-color1, #f57c00);"
-    "border-radius:3px;padding:0 4px;font-size:90%"
-)
 BAR_CSS = (
     "display:inline-block;width:160px;height:10px;border-radius:3px;vertical-align:middle;"
     "background:var(--jp-layout-color3, #ddd);overflow:hidden"
 )
-
-
-@dataclass(frozen=True)
-class GpuRow:
-    """What a GPU row shows; from NVML when available, else from TensorFlow's physical list."""
-
-    ref: str
-    name: str
-    used_mib: int | None = None
-    total_mib: int | None = None
-
-
-def gpu_rows(controller: Controller) -> tuple[list[GpuRow], str]:
-    """The GPUs to show, and a one-line reason when there are none."""
-    inventory = controller.inventory()
-    if inventory.available and inventory.gpus:
-        return [_nvml_row(gpu) for gpu in inventory.gpus], ""
-    state = controller.state()
-    if state.imported:
-        gpus = controller.api.devices("GPU")  # lists devices, never initializes the runtime
-        if gpus:
-            return [GpuRow(str(i), controller.api.name(gpu)) for i, gpu in enumerate(gpus)], ""
-        return [], f"No GPU: TensorFlow lists none, and {inventory.error or 'NVML sees none'}. `%tfgpu doctor` says why."
-    return [], f"No GPU found: {inventory.error or 'NVML sees none'}. `%tfgpu doctor` says why."
-
-
-def _nvml_row(gpu: Gpu) -> GpuRow:
-    return GpuRow(gpu.ref, gpu.name or "GPU", gpu.memory_used_mib, gpu.memory_total_mib)
+TF_DEFAULT = {name: default_edit(name) for name in ("growth", "allocator")}
+"""The grammar's edits back to TensorFlow's default for the dropdowns' "TF default"."""
 
 
 def memory_bar(row: GpuRow) -> str:
@@ -75,12 +48,6 @@ def memory_bar(row: GpuRow) -> str:
 
 def _size_text(mib: int) -> str:
     return f"{mib // 1024}GB" if mib % 1024 == 0 else f"{mib}MB"
-
-
-def by_index(items: tuple[tuple[str, Any], ...], aliases: dict[str, str]) -> dict[str, Any]:
-    """Per-GPU policy entries keyed by nvidia-smi index (entries given by UUID mapped through
-    `aliases`), as the panel's rows are."""
-    return {aliases.get(gpu, gpu): value for gpu, value in items}
 
 
 def limit_text(mib: int | None) -> str:
@@ -114,7 +81,7 @@ class Panel:
         self.message = ""
         self._refresher: threading.Thread | None = None
         self._stop = threading.Event()
-        self.rows, self.no_gpu_reason = gpu_rows(self.controller)
+        self.rows, self.no_gpu_reason = self.controller.gpus()
 
         self.header = w.HTML()
         self.error = w.HTML()
@@ -122,6 +89,9 @@ class Panel:
                                  description="Growth", style={"description_width": "90px"})
         self.allocator = w.Dropdown(options=[("TF default", "default"), ("bfc", "bfc"), ("async", "async")],
                                     description="Allocator", style={"description_width": "90px"})
+        self.loglevel = w.Dropdown(options=[("TF default", "off"), *((level, level) for level in LOGLEVELS)],
+                                   description="Log level",
+                                   style={"description_width": "90px"})
         self.cpus = w.BoundedIntText(min=0, max=64, description="CPU devices",
                                      tooltip="logical CPU devices (0: TensorFlow's default)",
                                      style={"description_width": "90px"}, layout=w.Layout(width="170px"))
@@ -145,14 +115,14 @@ class Panel:
         self.reset_button = w.Button(description="Reset", icon="undo", layout=w.Layout(width="auto"))
         self.live = w.Checkbox(description="live memory", indent=False, value=False)
         self.output = w.Output()
-        self.widget = w.VBox([self.header, self._gpu_box(), w.HBox([self.growth, self.allocator, self.cpus]),
+        self.widget = w.VBox([self.header, self._gpu_box(), w.HBox([self.growth, self.allocator, self.loglevel, self.cpus]),
                               w.HBox([self.apply_button, self.restart_button, self.confirm_button,
                                       self.cancel_button, self.export_button, self.reset_button, self.live]),
                               self.error, self.output],
                              layout=w.Layout(border="1px solid var(--jp-border-color2, #ccc)", padding="6px"))
         self._wire()
         self.sync()
-        self.controller.listeners.append(self._on_controller_change)
+        self.controller.subscribe(self._on_controller_change)
 
     # ----- layout --------------------------------------------------------------------------
     def _gpu_box(self) -> Any:
@@ -171,6 +141,7 @@ class Panel:
                                                  else None, "growth"), "value")
         self.allocator.observe(lambda c: self._edit(f"allocator {c['new']}" if c["new"] != "default"
                                                     else None, "allocator"), "value")
+        self.loglevel.observe(lambda c: self._edit(f"loglevel {c['new']}"), "value")
         self.cpus.observe(lambda c: self._edit(f"split cpu {c['new']}" if c["new"] else "split off cpu"), "value")
         for ref in self.visible:
             self.visible[ref].observe(lambda c: self._edit(self._visible_directive()), "value")
@@ -180,9 +151,7 @@ class Panel:
         self.restart_button.on_click(lambda _: self._ask_restart(True) if self.restarts else self._do_restart())
         self.cancel_button.on_click(lambda _: self._ask_restart(False))
         self.confirm_button.on_click(lambda _: self._do_restart())
-        self.export_button.on_click(
-            lambda _: self._show(export(self.controller.policy, plan=self.controller.export_plan()))
-        )
+        self.export_button.on_click(lambda _: self._show(self.controller.export()))
         self.reset_button.on_click(lambda _: self._edit("reset"))
         self.live.observe(lambda c: self.set_live(c["new"]), "value")
 
@@ -202,14 +171,13 @@ class Panel:
         return f"split {ref} {text.strip()}" if text.strip() else f"split off {ref}"
 
     def _edit(self, directive: str | None, field: str = "") -> None:
-        """Send one directive through the grammar; on error show the magic's message and revert."""
+        """Send one directive (None: `field` back to TF's default) through the grammar's edit path; on
+        error show the magic's message and revert."""
         if self._syncing:
             return
-        if directive is None:  # "TF default" for a field that has no directive of its own
-            self.controller.set_policy(self._without(field))
-            return
         try:
-            report = self.controller.edit([self.controller.parse(directive)])
+            edit = TF_DEFAULT[field] if directive is None else self.controller.parse(directive)
+            report = self.controller.edit([edit])
         except PolicyError as err:
             self.error.value = f"<span style='color:var(--jp-error-color1, #d32f2f)'>{html.escape(str(err))}</span>"
             self.sync()
@@ -217,11 +185,6 @@ class Panel:
         self.error.value = ""
         if not report.ok:
             self._show(describe_report(report))
-
-    def _without(self, field: str) -> Policy:
-        import dataclasses
-
-        return dataclasses.replace(self.controller.policy, **{field: None})
 
     # ----- restart -------------------------------------------------------------------------
     def _ask_restart(self, asking: bool) -> None:
@@ -244,15 +207,12 @@ class Panel:
         try:
             self.growth.value = "default" if policy.growth is None else ("on" if policy.growth else "off")
             self.allocator.value = policy.allocator or "default"
+            self.loglevel.value = policy.loglevel or "off"
             self.cpus.value = policy.cpu_devices or 0
-            aliases = self.controller.catalog.uuid_to_index()
-            visible = None if policy.visible is None else {aliases.get(gpu, gpu) for gpu in policy.visible}
-            limits, splits = by_index(policy.limits, aliases), by_index(policy.splits, aliases)
-            for ref, box in self.visible.items():
-                box.value = visible is None or ref in visible
-                own_or_all = limits.get(ref, None if ref in splits else limits.get(ALL_GPUS))
-                self.limits[ref].value = limit_text(own_or_all)
-                self.splits[ref].value = split_text(splits.get(ref))
+            for ref, gpu in self.controller.gpu_settings(self.visible).items():
+                self.visible[ref].value = gpu.visible
+                self.limits[ref].value = limit_text(gpu.limit_mib)
+                self.splits[ref].value = split_text(gpu.split)
         finally:
             self._syncing = False
         locked = state.initialized
@@ -260,28 +220,28 @@ class Panel:
         self.apply_button.tooltip = ("TensorFlow is initialized: only a restart applies changes" if locked
                                      else "TensorFlow is not imported: the policy applies on import"
                                      if not state.imported else "apply the policy now")
-        for control in [self.growth, self.allocator, self.cpus, *self.limits.values(), *self.splits.values()]:
+        for control in [self.growth, self.allocator, self.loglevel, self.cpus, *self.limits.values(), *self.splits.values()]:
             control.tooltip = LOCKED_REASON if locked else None
         self.header.value = self._header_html(state)
 
     def _header_html(self, state: Any) -> str:
         fixed = state.gpu_memory_fixed
-        color = "var(--jp-warn-color1, #f57c00)" if fixed else "var(--jp-success-color1, #388e3c)"
+        color = WARN_COLOR if fixed else OK_COLOR
         lines = [f"<b>tfgpu</b> · TensorFlow: <span style='color:{color}'>{html.escape(state.label)}</span>"]
         if fixed:
             reason = LOCKED_REASON if state.initialized else "GPU memory settings wait for Restart kernel and apply"
-            lines.append(f"<span style='{LOCK_BADGE}'>locked</span> {reason}")
-        for title, items in pending_groups(self.controller):
+            lines.append(f"{badge('locked')} {reason}")
+        for title, items in self.controller.pending(state):
             entries = "".join(f"<li>{html.escape(item)}</li>" for item in items)
             lines.append(f"{html.escape(title)}:<ul style='margin:2px 0'>{entries}</ul>")
         return "<br>".join(lines)
 
     def refresh_memory(self) -> None:
         """Re-read GPU memory (NVML) into the bars."""
-        inventory = self.controller.inventory()
-        for gpu in inventory.gpus:
-            if gpu.ref in self.bars:
-                self.bars[gpu.ref].value = memory_bar(_nvml_row(gpu))
+        rows, _ = self.controller.gpus()
+        for row in rows:
+            if row.ref in self.bars:
+                self.bars[row.ref].value = memory_bar(row)
 
     def set_live(self, on: bool) -> None:
         """Start or stop the live memory refresh; nothing runs while it is off."""
@@ -308,8 +268,7 @@ class Panel:
     def close(self) -> None:
         """Stop refreshing, stop listening, close the widgets."""
         self.set_live(False)
-        if self._on_controller_change in self.controller.listeners:
-            self.controller.listeners.remove(self._on_controller_change)
+        self.controller.unsubscribe(self._on_controller_change)
         self.widget.close()
 
 
@@ -322,14 +281,12 @@ def refresh_open_panels(*_: Any) -> None:
         panel.sync()
 
 
-def show_panel(controller: Controller, shell: Any) -> Panel:
-    """Build and display a panel whose restart button restarts `shell`'s kernel; keeps open panels
-    in sync with TF's state after each cell."""
+def show_panel(controller: Controller, shell: Any, restart: Callable[[], str] | None, restarts: bool) -> Panel:
+    """Build and display a panel whose restart button calls `restart` (`actions.open_panel` gives the
+    one that restarts `shell`'s kernel); keeps open panels in sync with TF's state after each cell."""
     from IPython.display import display
 
-    from ..jupyter.restart import choose_route, restart_and_apply
-
-    panel = Panel(controller, shell, lambda: restart_and_apply(shell, controller.policy), choose_route(shell).restarts)
+    panel = Panel(controller, shell, restart, restarts)
     _open_panels.append(panel)
     if shell is not None and len(_open_panels) == 1:
         shell.events.register("post_run_cell", refresh_open_panels)

@@ -1,17 +1,20 @@
-"""Text views: the `%tfgpu` status and the message after an edit or apply (pure formatting)."""
+"""Text views: the `%tfgpu` status and the message after an edit or apply (pure formatting).
+
+The status reads a `StatusSource` (the controller's public surface) into a `StatusSnapshot`, and
+renders that; `views.results.StatusResult` renders the same snapshot as HTML.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple, Protocol
 
 from ..gpus.cudaenv import parse_cuda_visible
-from ..tf.plan import OUR_ENV
-from ..language.policy import ALL_GPUS, Policy, quote
 from ..gpus.inventory import Inventory
-from ..tf.runtime import ApplyReport, pending_changes, recorded_settings
-
-if TYPE_CHECKING:
-    from ..controller import Controller
+from ..language.directives import describe_policy
+from ..language.policy import Policy, quote
+from ..tf.envvars import CUDA_VISIBLE_DEVICES, NAMES
+from ..tf.plan import Plan
+from ..tf.runtime import ApplyReport, RuntimeState
 
 RESTART_HINT = "Run `%tfgpu restart` to restart the kernel with the policy in force."
 TERMINAL_RESTART_HINT = (
@@ -28,32 +31,6 @@ LABEL_WIDTH = len("TensorFlow: ")
 def restart_hint(shell: Any) -> str:
     """How to get a locked setting in force: a kernel can restart itself, terminal IPython cannot."""
     return RESTART_HINT if getattr(shell, "kernel", None) is not None else TERMINAL_RESTART_HINT
-
-
-def describe_policy(policy: Policy) -> list[str]:
-    """The policy as directive-like phrases, e.g. `growth on`, `limit 4096 MiB on all GPUs`."""
-    parts = []
-    if policy.visible is not None:
-        parts.append(f"visible {','.join(policy.visible) or 'none'}")
-    if policy.growth is not None:
-        parts.append(f"growth {'on' if policy.growth else 'off'}")
-    limits = policy.limit_map
-    default = limits.pop(ALL_GPUS, None)
-    own = [f"{mib} MiB on GPU {gpu}" for gpu, mib in limits.items()]
-    if default is not None:  # a split GPU is sized by its split, not by the limit on every GPU
-        other = "every other visible GPU" if own or policy.splits else "every visible GPU"
-        own.append(f"{default} MiB on {other}")
-    if own:
-        parts.append("limit " + ", ".join(own))
-    for gpu, sizes in policy.splits:
-        parts.append(f"split GPU {gpu} into {' + '.join(f'{mib} MiB' for mib in sizes)}")
-    if policy.cpu_devices is not None:
-        parts.append(f"split cpu into {policy.cpu_devices} logical devices")
-    if policy.allocator is not None:
-        parts.append(f"allocator {policy.allocator}")
-    for field, why in policy.sources:
-        parts.append(f"({field}: {why})")
-    return parts
 
 
 def describe_report(report: ApplyReport, restart_hint: str = RESTART_HINT, action: str = "edit") -> str:
@@ -94,7 +71,7 @@ def describe_report(report: ApplyReport, restart_hint: str = RESTART_HINT, actio
 
 def _is_variable(item: str) -> bool:
     """True for an applied item that is one of our environment variables (`NAME=value`, `unset NAME`)."""
-    return item.removeprefix("unset ").partition("=")[0] in OUR_ENV
+    return item.removeprefix("unset ").partition("=")[0] in NAMES
 
 
 def row(label: str, value: str) -> str:
@@ -102,26 +79,82 @@ def row(label: str, value: str) -> str:
     return f"{label + ':':<{LABEL_WIDTH}}{value}"
 
 
-def describe_status(controller: Controller) -> str:
-    """The full `%tfgpu` status: TensorFlow state, desired policy, environment, what TF recorded."""
-    state = controller.state()
-    lines = [row("TensorFlow", state.label)]
-    policy = describe_policy(controller.policy)
-    lines.append(row("Policy", "; ".join(policy) if policy else "none (TensorFlow defaults)"))
-    env = [f"{name}={controller.environ[name]}" for name in OUR_ENV if name in controller.environ]
+class StatusSource(Protocol):
+    """What the status reads: the controller's public surface."""
+
+    policy: Policy
+
+    def state(self) -> RuntimeState: ...
+    def environment(self) -> dict[str, str]: ...
+    def inventory(self) -> Inventory: ...
+    def recorded(self, state: RuntimeState | None = None) -> list[str] | None: ...
+    def pending(self, state: RuntimeState | None = None) -> list[tuple[str, list[str]]]: ...
+    def plan(self, state: RuntimeState | None = None) -> Plan: ...
+
+
+class StatusSnapshot(NamedTuple):
+    """Everything the status shows, read once; the text and HTML forms both render this. (A
+    NamedTuple, not a dataclass: it is built on the panel's import path, where a frozen dataclass
+    costs a millisecond.)"""
+
+    state: RuntimeState
+    policy: tuple[str, ...]
+    """The policy as directive-like phrases (`describe_policy`)."""
+    environment: tuple[tuple[str, str], ...]
+    """The variables this tool manages, as set now."""
+    cuda_visible: tuple[str, ...]
+    """`CUDA_VISIBLE_DEVICES` as CUDA reads it (`describe_cuda_visible`)."""
+    inventory: Inventory
+    recorded: tuple[str, ...] | None
+    """What TensorFlow recorded; None while it is not imported."""
+    pending: tuple[tuple[str, tuple[str, ...]], ...]
+    notes: tuple[str, ...]
+
+    @property
+    def locked(self) -> bool:
+        """GPU memory settings wait for a restart (TensorFlow initialized, or a route created devices)."""
+        return self.state.gpu_memory_fixed
+
+
+def snapshot(source: StatusSource) -> StatusSnapshot:
+    """Read what the status shows from `source`, TensorFlow's state once."""
+    state = source.state()
+    environment = source.environment()
+    inventory = source.inventory()
+    recorded = source.recorded(state)
+    return StatusSnapshot(
+        state=state,
+        policy=tuple(describe_policy(source.policy)),
+        environment=tuple(environment.items()),
+        cuda_visible=tuple(describe_cuda_visible(environment.get(CUDA_VISIBLE_DEVICES), inventory)),
+        inventory=inventory,
+        recorded=None if recorded is None else tuple(recorded),
+        pending=tuple((title, tuple(items)) for title, items in source.pending(state)),
+        notes=tuple(source.plan(state).notes),
+    )
+
+
+def status_text(snap: StatusSnapshot) -> str:
+    """The full `%tfgpu` status as text: TensorFlow state, desired policy, environment, what TF recorded."""
+    lines = [row("TensorFlow", snap.state.label)]
+    lines.append(row("Policy", "; ".join(snap.policy) if snap.policy else "none (TensorFlow defaults)"))
+    env = [f"{name}={value}" for name, value in snap.environment]
     lines.append(row("Variables", ", ".join(env) if env else "none set"))
-    inventory = controller.inventory()
-    lines += describe_cuda_visible(controller.environ.get("CUDA_VISIBLE_DEVICES"), inventory)
-    lines += describe_gpus(inventory)
-    if state.imported:
-        recorded = recorded_settings(controller.api)
-        lines.append("TensorFlow recorded:" + ("" if recorded else " nothing yet (devices not listed)"))
-        lines += [f"  {line}" for line in recorded]
-    for title, items in pending_groups(controller):
+    lines += snap.cuda_visible
+    lines += describe_gpus(snap.inventory)
+    if snap.recorded is not None:
+        lines.append("TensorFlow recorded:" + ("" if snap.recorded else " nothing yet (devices not listed)"))
+        lines += [f"  {line}" for line in snap.recorded]
+    for title, items in snap.pending:
         lines.append(f"{title}:")
         lines += [f"  - {item}" for item in items]
-    lines += [f"Note: {note}" for note in controller.plan().notes]
+    lines += [f"Note: {note}" for note in snap.notes]
     return "\n".join(lines)
+
+
+def describe_status(source: StatusSource) -> str:
+    """The full `%tfgpu` status of `source` (the controller), as text."""
+    return status_text(snapshot(source))
 
 
 def describe_cuda_visible(raw: str | None, inventory: Inventory) -> list[str]:
@@ -163,16 +196,3 @@ def describe_gpus(inventory: Inventory) -> list[str]:
 
 def _mib(value: int | None) -> str:
     return "?" if value is None else str(value)
-
-
-def pending_groups(controller: Controller) -> list[tuple[str, list[str]]]:
-    """Settings TensorFlow has not taken yet, as (title, descriptions) groups: those only a restart
-    can make, and those `%tfgpu apply` still can. Empty before CUDA started (nothing to compare)."""
-    state = controller.state()
-    if not (state.devices_listed or state.devices_created):
-        return []
-    changes, _ = pending_changes(controller.plan(), controller.api)
-    restart = [c.describe() for c in changes if state.initialized or c.needs_restart]
-    apply = [c.describe() for c in changes if not (state.initialized or c.needs_restart)]
-    groups = [("Pending, needs a restart", restart), ("Not applied yet (`%tfgpu apply`)", apply)]
-    return [(title, items) for title, items in groups if items]

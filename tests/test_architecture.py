@@ -1,0 +1,200 @@
+"""The package's shape, read from the source with `ast`: no import cycles (module-level, function-level
+and `TYPE_CHECKING` imports all count), the magic and the panel never import each other, and each
+heavy or optional dependency stays in its one room.
+
+`python tests/test_architecture.py` prints the module graph.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "tfgpu_magic"
+ROOT = Path(__file__).resolve().parent.parent / PACKAGE
+MAGIC = {f"{PACKAGE}.views.magics", f"{PACKAGE}.views.commands", f"{PACKAGE}.views.completion"}
+PANEL = {f"{PACKAGE}.views.panel"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in sorted(ROOT.rglob("*.py"))}
+
+
+def imported_names(path: Path) -> list[tuple[str, str]]:
+    """`imports_in` of a package file."""
+    name = module_name(path)
+    return imports_in(path.read_text(encoding="utf-8"), name if path.name == "__init__.py" else name.rpartition(".")[0])
+
+
+def imports_in(source: str, package: str) -> list[tuple[str, str]]:
+    """(imported module or `module.name`, how it was written) for every import statement in `source`,
+    wherever it stands (module top, function, `if TYPE_CHECKING:`); relative ones resolved against
+    `package`, the package the file is in."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, f"import {alias.name}") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                target = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            written = f"from {'.' * node.level}{node.module or ''} import ..."
+            found += [(f"{target}.{alias.name}", written) for alias in node.names]
+    return found
+
+
+def internal_target(imported: str) -> str | None:
+    """The package module an import loads: `a.b.name` is module `a.b.name` if there is one, else `a.b`.
+    (The parent packages it runs on the way are not counted: their `__init__` files import nothing
+    of ours at top level but `errors`.)"""
+    if imported in MODULES:
+        return imported
+    parent = imported.rpartition(".")[0]
+    return parent if parent in MODULES else None
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module → the package modules it imports anywhere in its source."""
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        targets = {internal_target(imported) for imported, _ in imported_names(path)}
+        graph[name] = {target for target in targets if target is not None and target != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path that ends where it starts, or None."""
+    done: set[str] = set()
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        if node in stack:
+            return stack[stack.index(node):] + [node]
+        if node in done:
+            return None
+        stack.append(node)
+        for target in sorted(graph[node]):
+            cycle = visit(target)
+            if cycle:
+                return cycle
+        stack.pop()
+        done.add(node)
+        return None
+
+    for node in sorted(graph):
+        cycle = visit(node)
+        if cycle:
+            return cycle
+    return None
+
+
+def importers_of(top: str) -> dict[str, list[str]]:
+    """Package modules whose source imports third-party package `top` (anywhere), with the statements."""
+    found: dict[str, list[str]] = {}
+    for name, path in MODULES.items():
+        hits = [written for imported, written in imported_names(path) if imported.split(".")[0] == top]
+        if hits:
+            found[name] = hits
+    return found
+
+
+def test_the_reader_sees_every_kind_of_import() -> None:
+    """Function-level and TYPE_CHECKING imports count, and `from . import module` names the module."""
+    source = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..controller import Controller\n"
+        "def f():\n    from . import persist\n    from .. import errors\n    import tensorflow.python\n"
+    )
+    found = [name for name, _ in imports_in(source, f"{PACKAGE}.jupyter")]
+    assert {internal_target(name) for name in found} >= {
+        f"{PACKAGE}.controller", f"{PACKAGE}.jupyter.persist", f"{PACKAGE}.errors"}
+    assert "tensorflow.python" in found
+
+
+def test_no_import_cycles() -> None:
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " → ".join(cycle or [])
+
+
+def test_a_cycle_is_found_when_there_is_one() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_the_magic_and_the_panel_do_not_import_each_other() -> None:
+    """They are two views over one controller: the panel is opened by `actions.open_panel`, and the
+    magic is reached only from the package's `load_ipython_extension`."""
+    graph = import_graph()
+    for name in MAGIC:
+        assert not graph[name] & PANEL, f"{name} imports the panel"
+    for name in PANEL:
+        assert not graph[name] & MAGIC, f"{name} imports the magic"
+    panel_users = {name for name, targets in graph.items() if targets & PANEL}
+    assert panel_users <= {PACKAGE, f"{PACKAGE}.actions"}
+    magic_users = {name for name, targets in graph.items() if targets & MAGIC} - MAGIC
+    assert magic_users <= {PACKAGE}
+
+
+def test_actions_and_controller_import_no_interactive_view_at_top() -> None:
+    """The controller imports no view but the pure text formatting (`views.status`), and the actions
+    import the panel and the restart button only inside the actions that open them."""
+    graph = import_graph()
+    assert {t for t in graph[f"{PACKAGE}.controller"] if t.startswith(f"{PACKAGE}.views")} <= {f"{PACKAGE}.views.status"}
+    tree = ast.parse(MODULES[f"{PACKAGE}.actions"].read_text(encoding="utf-8"))
+    top = {node.module or "" for node in tree.body if isinstance(node, ast.ImportFrom)}
+    assert not {module for module in top if module.endswith(("panel", "confirm"))}
+
+
+INTERNALS = re.compile(r"controller\.(api|environ|catalog|listeners)\b")
+"""The controller's own parts; views read it through its public methods (`state()`, `environment()`,
+`gpus()`, `gpu_settings()`, `pending()`, `recorded()`, `subscribe()`, `export()`)."""
+
+
+@pytest.mark.parametrize("module", ["views.status", "views.results", "views.panel", "views.confirm", "gpus.doctor"])
+def test_views_use_only_the_controllers_public_surface(module: str) -> None:
+    source = MODULES[f"{PACKAGE}.{module}"].read_text(encoding="utf-8")
+    assert not INTERNALS.findall(source)
+
+
+@pytest.mark.parametrize(
+    "dependency, allowed",
+    [
+        ("tensorflow", lambda name: name.startswith(f"{PACKAGE}.tf.")),
+        ("keras", lambda name: name.startswith(f"{PACKAGE}.tf.")),
+        ("pynvml", lambda name: name == f"{PACKAGE}.gpus.inventory"),
+        ("ipywidgets", lambda name: name.startswith(f"{PACKAGE}.views.")),
+    ],
+)
+def test_each_heavy_dependency_stays_in_its_room(dependency: str, allowed) -> None:  # noqa: ANN001
+    users = importers_of(dependency)
+    assert all(allowed(name) for name in users), f"{dependency} imported outside its room: {users}"
+
+
+def test_the_rooms_are_imported_where_expected() -> None:
+    """The checks above are about real imports: each dependency is imported somewhere."""
+    assert any(name.startswith(f"{PACKAGE}.tf.") for name in importers_of("tensorflow"))
+    assert set(importers_of("pynvml")) == {f"{PACKAGE}.gpus.inventory"}
+    assert set(importers_of("ipywidgets")) >= {f"{PACKAGE}.views.panel", f"{PACKAGE}.views.confirm"}
+
+
+def format_graph(graph: dict[str, set[str]]) -> str:
+    """One line per module: what it imports, package prefix dropped."""
+    short = lambda name: name.removeprefix(f"{PACKAGE}.") if name != PACKAGE else PACKAGE  # noqa: E731
+    return "\n".join(f"{short(name):<22} → {', '.join(sorted(map(short, targets))) or '-'}"
+                     for name, targets in sorted(graph.items()))
+
+
+if __name__ == "__main__":
+    print(format_graph(import_graph()))
+    cycle = find_cycle(import_graph())
+    print("cycles:", " → ".join(cycle) if cycle else "none")
+    sys.exit(1 if cycle else 0)

@@ -1,0 +1,306 @@
+"""`loglevel`: the environment table's read times, the C++ level before import, the Python loggers
+after, and the quiet import — against real TensorFlow in fresh processes and in a real kernel.
+
+tensorflow-cpu 2.21 prints 6 stderr lines at `import tensorflow` (+ first op) with TensorFlow's
+defaults, 4 with TF_CPP_MIN_LOG_LEVEL=1..3 (the absl preamble and the oneDNN notice, twice each);
+none with `loglevel error`. The tests leave TF_ENABLE_ONEDNN_OPTS unset so the notice is there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from fake_tf import FakeTF
+from kernels import QUIET_ENV, Kernel, kernel_manager, quiet_env, tensorflow_stays_out_of_pytest  # noqa: F401
+
+from tfgpu_magic.controller import Controller
+from tfgpu_magic.language.policy import Policy
+from tfgpu_magic.tf import envvars, importhook
+from tfgpu_magic.tf.envvars import TF_CPP_MIN_LOG_LEVEL
+from tfgpu_magic.tf.export import export
+from tfgpu_magic.tf.plan import build_plan
+from tfgpu_magic.tf.runtime import RuntimeState, too_late
+
+TIMEOUT = 120
+ONEDNN = "oneDNN custom operations are on"
+
+# Lines as tensorflow-cpu 2.21 wrote them to stderr here (import, then ops logging through C++).
+PREAMBLE = importhook.PREAMBLE + "\n"
+INFO = ("I0000 00:00:1796114086.366015    3831 port.cc:153] oneDNN custom operations are on. You may see "
+        "slightly different numerical results.\n")
+INFO_CONTINUED = "To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild TensorFlow.\n"
+WARNING = "W0000 00:00:1796114331.248420    7574 logging_ops.cc:171] boom-warn\n"
+ERROR = "E0000 00:00:1796114328.718096    7548 logging_ops.cc:173] boom-error\n"
+FATAL = "F1201 08:00:00.000000   12 gpu_device.cc:1] Check failed: boom\n"
+PY_WARNING = "WARNING:tensorflow:pywarn\n"
+PY_ERROR = "ERROR:tensorflow:pyerr\n"
+USER = "my own line: I0000 is not at the start\n"
+
+
+def kept(level: str, *lines: str) -> str:
+    return importhook.keep_lines("".join(lines).encode(), level).decode()
+
+
+# ----- the table -------------------------------------------------------------------------------------
+def test_every_variable_has_a_reader_a_moment_and_a_meaning():
+    assert envvars.NAMES == tuple(var.name for var in envvars.TABLE)
+    assert len(set(envvars.NAMES)) == len(envvars.NAMES)
+    for var in envvars.TABLE:
+        assert var.read_at in envvars.MOMENTS and var.reader and var.meaning
+
+
+@pytest.mark.parametrize("state, late", [
+    (RuntimeState(), set()),
+    (RuntimeState(imported=True), {TF_CPP_MIN_LOG_LEVEL}),
+    (RuntimeState(imported=True, devices_listed=True), {TF_CPP_MIN_LOG_LEVEL, "CUDA_DEVICE_ORDER",
+                                                        "CUDA_VISIBLE_DEVICES"}),
+    (RuntimeState(cuda_elsewhere="libcuda is loaded"), {"CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES"}),
+    (RuntimeState(imported=True, devices_listed=True, initialized=True), set(envvars.NAMES)),
+], ids=["fresh", "imported", "listed", "cuda-elsewhere", "initialized"])
+def test_the_read_time_decides_what_is_locked(state, late):
+    assert {name for name in envvars.NAMES if too_late(name, state)} == late
+    assert too_late(TF_CPP_MIN_LOG_LEVEL, RuntimeState(imported=True)) == "read when TensorFlow was imported"
+
+
+# ----- the plan and the exports -----------------------------------------------------------------------
+@pytest.mark.parametrize("level, value", [("debug", "0"), ("info", "0"), ("warning", "1"), ("error", "2")])
+def test_loglevel_sets_the_cpp_level_and_nothing_else(level, value):
+    plan = build_plan(Policy(loglevel=level))
+    assert plan.env == ((TF_CPP_MIN_LOG_LEVEL, value),) and plan.loglevel == level
+    assert build_plan(Policy()).env == ()
+
+
+def test_exports_carry_the_loglevel():
+    policy = Policy(loglevel="error")
+    assert "export TF_CPP_MIN_LOG_LEVEL=2" in export(policy, "env")
+    python = export(policy, "python")
+    assert "os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'" in python
+    assert python.index("TF_CPP_MIN_LOG_LEVEL") < python.index("import tensorflow")
+    assert "tf.get_logger().setLevel('ERROR')" in python and "absl.logging.set_verbosity('error')" in python
+    assert json.loads(export(policy, "json"))["loglevel"] == "error"
+
+
+# ----- the controller (fake TensorFlow) ---------------------------------------------------------------
+@pytest.fixture
+def no_quiet() -> Iterator[None]:
+    yield
+    importhook.quiet(None)
+    importhook.disarm()
+
+
+def test_before_import_the_environment_and_the_quiet_import_follow_the_policy(no_quiet):
+    environ = {TF_CPP_MIN_LOG_LEVEL: "3"}
+    controller = Controller(api=FakeTF(imported=False), environ=environ)
+    report = controller.set_policy(Policy(loglevel="error"))
+    assert report.ok and report.applied == ["TF_CPP_MIN_LOG_LEVEL=2"]
+    assert environ == {TF_CPP_MIN_LOG_LEVEL: "2"} and importhook._quiet_level == "error"
+    controller.set_policy(Policy())
+    assert environ == {TF_CPP_MIN_LOG_LEVEL: "3"} and importhook._quiet_level is None  # the user's own again
+
+
+def test_after_import_the_cpp_level_is_locked_and_the_python_loggers_still_apply(no_quiet):
+    fake = FakeTF(imported=True)
+    controller = Controller(api=fake, environ={})
+    report = controller.set_policy(Policy(loglevel="error"))
+    assert report.locked == ["TF_CPP_MIN_LOG_LEVEL: unset → 2 (read when TensorFlow was imported)"]
+    assert "Python logger tensorflow: error and above" in report.applied and fake.loglevel == "error"
+    assert controller.environ == {}
+    report = controller.set_policy(Policy())
+    assert report.ok and fake.loglevel is None
+
+
+# ----- the filter on captured lines ----------------------------------------------------------------------
+def test_error_keeps_errors_and_everything_that_is_not_a_log_line():
+    lines = (PREAMBLE, INFO, INFO_CONTINUED, WARNING, ERROR, FATAL, PY_WARNING, PY_ERROR, USER, "\n")
+    assert kept("error", *lines) == INFO_CONTINUED + ERROR + FATAL + PY_ERROR + USER + "\n"
+    assert kept("warning", *lines) == INFO_CONTINUED + WARNING + ERROR + FATAL + PY_WARNING + PY_ERROR + USER + "\n"
+    assert kept("info", *lines) == "".join(lines)
+
+
+def test_a_line_without_newline_and_bad_bytes_survive():
+    data = b"\xff\xfe not utf-8\n" + ERROR.encode() + b"partial"
+    assert importhook.keep_lines(data, "error") == data
+
+
+def test_filtered_stderr_drops_low_lines_written_to_fd_2(capfd):
+    with importhook.filtered_stderr("error"):
+        os.write(2, (PREAMBLE + INFO + ERROR + USER).encode())
+        print("python's own", file=sys.stderr)  # pytest's sys.stderr is no fd 2 here: never held back
+    err = capfd.readouterr().err
+    assert ERROR + USER in err and "python's own\n" in err and len(err) == len(ERROR + USER + "python's own\n")
+
+
+def test_filtered_stderr_keeps_every_line_when_the_block_fails(capfd):
+    with pytest.raises(ImportError), importhook.filtered_stderr("error"):
+        os.write(2, (INFO + ERROR).encode())
+        raise ImportError("broken")
+    assert capfd.readouterr().err == INFO + ERROR
+    os.write(2, b"fd 2 is back\n")
+    assert capfd.readouterr().err == "fd 2 is back\n"
+
+
+def test_quiet_only_for_levels_above_info(no_quiet):
+    for level, expected in [("debug", None), ("info", None), ("warning", "warning"), ("error", "error"), (None, None)]:
+        importhook.quiet(level)
+        assert importhook._quiet_level == expected
+
+
+# ----- real TensorFlow in a fresh process ------------------------------------------------------------
+LOUD = {name: value for name, value in quiet_env().items() if name not in QUIET_ENV}
+"""A TensorFlow process's environment with TensorFlow's own log defaults (the oneDNN notice on)."""
+
+SCRIPT = """\
+import os, sys
+from tfgpu_magic import configure
+{configure}
+print("user before", file=sys.stderr, flush=True)
+os.write(2, b"fd before\\n")
+{during}
+import tensorflow as tf
+print("IMPORTED", flush=True)
+tf.constant(1) + 1
+print("FIRST OP", flush=True)
+print("user after", file=sys.stderr, flush=True)
+os.write(2, b"fd after\\n")
+{after}
+"""
+
+USER_LINES = ["user before", "fd before", "user after", "fd after"]
+
+DURING_IMPORT = """\
+class Speak:
+    '''Writes to fd 2 while tensorflow/__init__ runs (when TF imports its first submodule).'''
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith("tensorflow.") and not getattr(self, "done", False):
+            self.done = True
+            os.write(2, b"E0000 00:00:1.0 1 fake.cc:1] an error during import\\n")
+            os.write(2, b"I0000 00:00:1.0 1 fake.cc:2] chatter during import\\n")
+            os.write(2, b"not a log line during import\\n")
+        return None
+sys.meta_path.insert(0, Speak())
+"""
+
+C_LOGS = """\
+import absl.logging
+tf.print("boom-error", output_stream=absl.logging.error)
+tf.print("boom-warn", output_stream=absl.logging.warning)
+tf.get_logger().warning("py-warn")
+tf.get_logger().error("py-error")
+"""
+
+
+def run_tf(level: str | None, during: str = "", after: str = "") -> list[str]:
+    """Stderr lines of a fresh process that sets `loglevel level` (None: no policy), imports TF and runs one op."""
+    code = SCRIPT.format(configure=f"configure('loglevel {level}')" if level else "", during=during, after=after)
+    proc = subprocess.run([sys.executable, "-c", code], env=LOUD, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0 and "FIRST OP" in proc.stdout, proc.stderr[-3000:]
+    return proc.stderr.splitlines()
+
+
+@pytest.mark.tensorflow
+def test_loglevel_error_imports_tensorflow_without_a_line_on_stderr():
+    assert run_tf("error") == USER_LINES
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("level", [None, "off", "info"])
+def test_without_a_quiet_level_tensorflow_prints_its_import_lines(level):
+    lines = run_tf(level)
+    assert [line for line in lines if line in USER_LINES] == USER_LINES
+    assert sum(ONEDNN in line for line in lines) == 2 and lines.count(importhook.PREAMBLE) == 2
+    assert len(lines) == len(USER_LINES) + 6
+
+
+@pytest.mark.tensorflow
+def test_loglevel_error_hides_no_error_written_during_or_after_the_import():
+    lines = [line for line in run_tf("error", DURING_IMPORT, C_LOGS) if line]
+    assert lines[:2] == USER_LINES[:2]
+    assert lines[2:4] == ["E0000 00:00:1.0 1 fake.cc:1] an error during import", "not a log line during import"]
+    assert lines[4:6] == USER_LINES[2:]
+    assert lines[6].endswith("logging_ops.cc:173] boom-error") and lines[6].startswith("E")
+    assert lines[7:] == ["ERROR:tensorflow:py-error"]
+
+
+@pytest.mark.tensorflow
+def test_loglevel_warning_shows_warnings_but_not_the_import_notices():
+    lines = [line for line in run_tf("warning", "", C_LOGS) if line]
+    assert lines[:4] == USER_LINES
+    assert [line[0] for line in lines[4:6]] == ["E", "W"]
+    assert lines[6:] == ["WARNING:tensorflow:py-warn", "ERROR:tensorflow:py-error"]
+
+
+@pytest.mark.tensorflow
+def test_exported_python_sets_both_levels(tmp_path):
+    script = tmp_path / "policy.py"
+    script.write_text(export(Policy(loglevel="error"), "python") + textwrap.dedent("""\
+        import logging, os
+        print("LEVELS", os.environ["TF_CPP_MIN_LOG_LEVEL"], logging.getLogger("tensorflow").level,
+              absl.logging.get_verbosity())
+        """))
+    proc = subprocess.run([sys.executable, str(script)], env=LOUD, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "LEVELS 2 40 -2" in proc.stdout
+
+
+@pytest.mark.tensorflow
+def test_after_import_the_cpp_level_is_reported_locked_and_the_python_loggers_follow():
+    code = textwrap.dedent("""\
+        import logging, warnings
+        import tensorflow as tf
+        from tfgpu_magic import configure
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            report = configure("loglevel error")
+        print("LOCKED", report.locked)
+        print("APPLIED", report.applied)
+        print("LEVEL", logging.getLogger("tensorflow").level, len(caught))
+        """)
+    proc = subprocess.run([sys.executable, "-c", code], env=LOUD, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "TF_CPP_MIN_LOG_LEVEL: unset → 2 (read when TensorFlow was imported)" in proc.stdout
+    assert "Python logger tensorflow: error and above" in proc.stdout and "LEVEL 40 1" in proc.stdout
+
+
+# ----- a real kernel ---------------------------------------------------------------------------------------
+def loud_kernel(root: Path) -> Kernel:
+    """A kernel like `kernels.running_kernel()`'s, but with TensorFlow's own log defaults."""
+    manager = kernel_manager(root)
+    spec_file = root / "kernels" / manager.kernel_name / "kernel.json"
+    spec = json.loads(spec_file.read_text())
+    spec["env"] = {name: value for name, value in spec["env"].items() if name not in QUIET_ENV}
+    spec_file.write_text(json.dumps(spec))
+    manager.start_kernel(cwd=str(root), env=LOUD)
+    client = manager.client()
+    client.start_channels()
+    client.wait_for_ready(timeout=60)
+    return Kernel(manager, client)
+
+
+@pytest.mark.tensorflow
+@pytest.mark.parametrize("level", ["error", "off"])
+def test_in_a_kernel_the_import_cell_is_quiet_with_loglevel_error(level):
+    with tempfile.TemporaryDirectory(prefix="tfgpu-loglevel-") as tmp:
+        kernel = loud_kernel(Path(tmp))
+        try:
+            kernel.ok("%load_ext tfgpu_magic")
+            kernel.ok(f"%tfgpu loglevel {level}")
+            cell = kernel.ok("import tensorflow as tf\ntf.constant(1) + 1\nprint('done')")
+            later = kernel.ok("import sys, os\nprint('mine', file=sys.stderr, flush=True)\n"
+                              "os.write(2, b'fd mine\\n')\nimport time; time.sleep(0.5)")
+        finally:
+            kernel.client.stop_channels()
+            kernel.manager.shutdown_kernel(now=True)
+    assert "done" in cell.stdout
+    if level == "error":
+        assert cell.stderr == ""
+    else:
+        assert cell.stderr.count(ONEDNN) == 2
+    assert "mine" in later.stderr and "fd mine" in later.stderr

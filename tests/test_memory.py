@@ -1,0 +1,157 @@
+"""`%tfgpu memory` / `tfgpu_magic.tf.memory.memory()`: one plain dict per visible GPU, never importing
+or initializing TensorFlow.
+
+GPU figures come from the fakes, which decide them: FakeNvml's `four_gpus` (the cards, this process
+1 GiB on GPU 0, pid 4242 19 GiB there), FakeTF (what TensorFlow lists and records, when CUDA starts)
+and FakeMemory (TensorFlow's tensor bytes per logical GPU; it refuses any call before initialization,
+as the real calls would initialize the runtime). Real TensorFlow (CPU build) runs in a fresh process.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from fake_memory import FakeMemory
+from fake_nvml import OTHER_PID, FakeNvml, four_gpus
+from fake_tf import FakeTF
+from kernels import quiet_env, tensorflow_stays_out_of_pytest  # noqa: F401 (autouse)
+
+from tfgpu_magic.controller import Controller
+from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog, Nvml, read_inventory
+from tfgpu_magic.tf import importhook
+from tfgpu_magic.tf.memory import memory, memory_text, mib_text, summary
+
+GIB = 1 << 30
+
+
+@pytest.fixture(autouse=True)
+def disarm():
+    yield
+    importhook.disarm()
+
+
+def machine(*lines: str, env: dict | None = None, start: str = "before import",
+            inventory: Inventory | None = None) -> tuple[FakeTF, Controller, FakeMemory, Inventory]:
+    """Four fake cards, the policy `lines`, TensorFlow at `start` (before import, imported, initialized)."""
+    inventory = inventory or read_inventory(Nvml(module=FakeNvml(four_gpus())))
+    env = {} if env is None else env
+    fake = FakeTF(4, imported=False, environ=env)
+    ctl = Controller(api=fake, environ=env, catalog=InventoryCatalog(inventory))
+    if lines:
+        ctl.edit([ctl.parse(line) for line in lines])
+    if start != "before import":
+        fake.imported = True
+        importhook.disarm()
+        ctl.apply()
+    if start == "initialized":
+        fake.initialize()
+    return fake, ctl, FakeMemory(fake), inventory
+
+
+@pytest.mark.parametrize("start", ["before import", "imported"])
+def test_before_initialization_it_says_what_would_apply_and_starts_nothing(start: str) -> None:
+    fake, ctl, mem, inventory = machine("visible 0,1", "limit 4GB 0", start=start)
+    before = fake.snapshot()
+    rows = memory(ctl, mem, inventory)
+    assert [(r["gpu"], r["tf_device"]) for r in rows] == [("0", "GPU:0"), ("1", "GPU:1")]
+    assert rows[0]["cap_mib"] == 4096 and rows[0]["cap_source"] == "limit on GPU 0"
+    assert rows[0]["cap_in_force"] is False and rows[1]["cap_mib"] is None
+    assert all(r["tensors_bytes"] is None and r["initialized"] is False for r in rows)
+    assert fake.snapshot() == before and mem.calls == []  # nothing started, no TensorFlow memory call
+    assert (fake.cuda_ids is None) == (start == "before import")  # applying the limit listed the devices
+    text = memory_text(ctl, mem, inventory)
+    assert "the cap is what will apply" in text and text.splitlines()[1].split()[:3] == ["0", "GPU:0", "—"]
+
+
+def test_once_initialized_it_shows_tensors_this_process_others_and_the_cap_in_force() -> None:
+    fake, ctl, mem, inventory = machine("visible 0,1", "limit 4GB 0", start="initialized")
+    mem.allocate("GPU:0", 3 * GIB)
+    mem.free("GPU:0", GIB)
+    row = memory(ctl, mem, inventory)[0]
+    assert (row["tensors_bytes"], row["peak_bytes"]) == (2 * GIB, 3 * GIB)
+    assert (row["process_mib"], row["others_mib"], row["total_mib"]) == (1024, 19456, 81920)
+    assert row["other_processes"] == [{"pid": OTHER_PID, "mib": 19456}]
+    assert row["cap_in_force"] is True and row["cap_text"] == "4.0 GiB (limit on GPU 0, 5% of the card)"
+    line = memory_text(ctl, mem, inventory).splitlines()[1]
+    assert "2.0 GiB / 3.0 GiB" in line and "19.0 GiB" in line
+
+
+def test_the_panel_phrase_before_and_after_initialization() -> None:
+    fake, ctl, mem, inventory = machine("visible 0", "limit 4GB 0")
+    assert summary(memory(ctl, mem, inventory)[0]) == "cap at initialization 4.0 GiB (limit on GPU 0, 5% of the card)"
+    fake, ctl, mem, inventory = machine("visible 0", "limit 4GB 0", start="initialized")
+    mem.allocate("GPU:0", 1536 * 1024 * 1024)
+    assert summary(memory(ctl, mem, inventory)[0]) == (
+        "tensors 1.5 GiB (peak 1.5 GiB) · cap 4.0 GiB (limit on GPU 0, 5% of the card)")
+
+
+def test_a_split_card_sums_its_logical_gpus_and_numbers_the_next_card_after_them() -> None:
+    """FakeMemory decides the logical numbering: card 0's two parts are GPU:0 and GPU:1, card 1 is GPU:2."""
+    fake, ctl, mem, inventory = machine("visible 0,1", "split 0 2x2GB", start="initialized")
+    mem.allocate("GPU:0", GIB)
+    mem.allocate("GPU:1", GIB)
+    mem.allocate("GPU:2", 5 * GIB)
+    first, second = memory(ctl, mem, inventory)
+    assert first["logical_devices"] == ["GPU:0", "GPU:1"] and first["tensors_bytes"] == 2 * GIB
+    assert first["cap_parts_mib"] == [2048, 2048] and first["cap_source"] == "split of GPU 0"
+    assert second["logical_devices"] == ["GPU:2"] and second["tensors_bytes"] == 5 * GIB
+
+
+def test_a_policy_changed_after_initialization_is_not_claimed_in_force() -> None:
+    fake, ctl, mem, inventory = machine("visible 0", "limit 4GB", start="initialized")
+    ctl.edit([ctl.parse("limit 8GB")])
+    row = memory(ctl, mem, inventory)[0]
+    assert row["cap_mib"] == 4096 and row["cap_source"].startswith("recorded by TensorFlow, not this policy's")
+
+
+def test_an_inherited_cuda_visible_devices_maps_tensorflows_numbers_to_the_cards() -> None:
+    fake, ctl, mem, inventory = machine(env={"CUDA_VISIBLE_DEVICES": "2,1"}, start="initialized")
+    rows = memory(ctl, mem, inventory)
+    assert [(r["gpu"], r["tf_device"]) for r in rows] == [("2", "GPU:0"), ("1", "GPU:1")]
+    assert rows[0]["process_mib"] == 0 and rows[0]["cap_text"].startswith("none (no growth")
+
+
+def test_growth_and_the_async_allocator_are_named() -> None:
+    fake, ctl, mem, inventory = machine("visible 1", "growth on", start="initialized")
+    assert memory(ctl, mem, inventory)[0]["cap_text"] == "none (growth on: the pool grows on demand)"
+    fake, ctl, mem, inventory = machine("visible 1", "allocator async", "limit 2GB")
+    assert memory(ctl, mem, inventory)[0]["cap_text"].endswith("soft: cuda_malloc_async)")
+    fake, ctl, mem, inventory = machine("visible 1", "allocator async", start="initialized")
+    assert memory(ctl, mem, inventory)[0]["cap_text"] == "none (cuda_malloc_async: the pool allocates on demand)"
+
+
+def test_without_gpus_it_is_one_line() -> None:
+    fake, ctl, mem, inventory = machine(inventory=Inventory(error="NVML unavailable: no NVIDIA driver here"))
+    assert memory(ctl, mem, inventory) == []
+    assert memory_text(ctl, mem, inventory) == (
+        "No GPU found: NVML unavailable: no NVIDIA driver here. `%tfgpu doctor` says why.")
+
+
+@pytest.mark.parametrize("mib, text", [(None, "?"), (512, "512 MiB"), (3584, "3.5 GiB"), (1 << 20, "1.0 TiB")])
+def test_sizes_read_as_people_read_them(mib, text) -> None:
+    assert mib_text(mib) == text
+
+
+@pytest.mark.tensorflow
+def test_real_tensorflow_is_neither_initialized_nor_imported_by_it() -> None:
+    script = textwrap.dedent("""
+        import sys
+        from tfgpu_magic.controller import get_controller
+        from tfgpu_magic.tf.memory import memory, memory_text
+        from tfgpu_magic.tf.runtime import runtime_state
+        print(memory_text(get_controller()))
+        assert "tensorflow" not in sys.modules
+        import tensorflow as tf
+        memory(get_controller()); memory_text(get_controller())
+        assert not runtime_state().initialized and not runtime_state().devices_listed
+        tf.constant(1)
+        print(memory(get_controller()))
+        print(memory_text(get_controller()))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], env=quiet_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    first, rows, last = proc.stdout.splitlines()
+    assert first.startswith("No GPU found: ") and rows == "[]" and last.startswith("No GPU: TensorFlow lists none")

@@ -1,0 +1,283 @@
+"""OOMs that explain themselves and let go (`tfgpu_magic.tf.oom`), and who initialized TensorFlow
+(`tfgpu_magic.tf.initcell`).
+
+One real kernel runs real TensorFlow (CPU build): a real OOM (`tf.zeros([1 << 38])`, ~10 s), its
+explanation after the untouched traceback, and the tensor only the failed frames held dead after the
+cell (weakref); with the release turned off, a raised `ResourceExhaustedError` keeps it alive. The
+GPU wording comes from the fakes (FakeTF, FakeNvml's four_gpus, FakeMemory), which decide the cards'
+figures. The frame-release mechanics run on the real in-process IPython shell.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import traceback
+from types import SimpleNamespace
+from typing import Iterator
+
+import pytest
+from fake_memory import FakeMemory
+from fake_nvml import OTHER_PID, FakeNvml, four_gpus
+from fake_tf import FakeTF
+from kernels import CellResult, Kernel, running_kernel, tensorflow_stays_out_of_pytest  # noqa: F401 (autouse)
+
+from tfgpu_magic.controller import Controller
+from tfgpu_magic.gpus.inventory import InventoryCatalog, Nvml, read_inventory
+from tfgpu_magic.tf import importhook, initcell, oom
+from tfgpu_magic.tf.memory import parse_oom
+from tfgpu_magic.tf.runtime import RuntimeState
+
+GPU_OOM = ("OOM when allocating tensor with shape[8192,1024,1024] and type float on "
+           "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc")
+
+
+# ----- parsing what was asked for -----------------------------------------------------------------
+@pytest.mark.parametrize("message, shape, dtype, device, size", [
+    (GPU_OOM, (8192, 1024, 1024), "float", "GPU:0", 32 << 30),
+    ("{{function_node __wrapped__Fill_device_/job:localhost/replica:0/task:0/device:CPU:0}} OOM when allocating "
+     "tensor with shape[274877906944] and type float on /job:localhost/replica:0/task:0/device:CPU:0 by allocator "
+     "mklcpu [Op:Fill] name: ", (274877906944,), "float", "CPU:0", 1 << 40),
+    ("OOM when allocating tensor with shape[64,3,224,224] and type half on /device:GPU:1 by allocator GPU_1_bfc",
+     (64, 3, 224, 224), "half", "GPU:1", 64 * 3 * 224 * 224 * 2),
+    ("OOM when allocating tensor with shape[] and type int64 on /device:GPU:0", (), "int64", "GPU:0", 8),
+    ("OOM when allocating tensor with shape[10] and type variant", (10,), "variant", None, None),
+])
+def test_the_request_is_parsed_into_bytes(message, shape, dtype, device, size) -> None:
+    request = parse_oom(message)
+    assert (request.shape, request.dtype, request.device, request.bytes) == (shape, dtype, device, size)
+
+
+def test_a_message_without_a_tensor_is_no_request() -> None:
+    assert parse_oom("Ran out of GPU memory when allocating 0 bytes for") is None
+
+
+# ----- the explanation with GPU figures (fakes) ---------------------------------------------------
+def gpu_session(*lines: str) -> tuple[FakeTF, Controller, FakeMemory]:
+    """Four fake cards (FakeNvml decides the NVML figures: this process 1 GiB on GPU 0, pid 4242
+    19 GiB), the policy `lines`, then TensorFlow imported and initialized (FakeTF decides what is
+    recorded; FakeMemory the tensor bytes)."""
+    inventory = read_inventory(Nvml(module=FakeNvml(four_gpus())))
+    env: dict[str, str] = {}
+    fake = FakeTF(4, imported=False, environ=env)
+    ctl = Controller(api=fake, environ=env, catalog=InventoryCatalog(inventory))
+    if lines:
+        ctl.edit([ctl.parse(line) for line in lines])
+    fake.imported = True
+    importhook.disarm()
+    ctl.apply()
+    fake.initialize()
+    return fake, ctl, FakeMemory(fake)
+
+
+def test_a_capped_gpu_oom_names_the_cap_and_what_to_do() -> None:
+    fake, ctl, mem = gpu_session("visible 0,1", "limit 4GB 0")
+    mem.allocate("GPU:0", 3 << 30)
+    text = "\n".join(oom.explain(Exception(GPU_OOM), ctl, mem))
+    assert "tfgpu: TensorFlow ran out of memory on GPU:0: it asked for 32.0 GiB (shape [8192, 1024, 1024], float)." \
+        in text
+    assert "Cap in force: 4.0 GiB (limit on GPU 0, 5% of the card)" in text
+    assert "this process holds 1.0 GiB of the card's 80.0 GiB" in text
+    assert f"other processes: pid {OTHER_PID} 19.0 GiB" in text
+    assert "Tensors now 3.0 GiB, peak so far (`%tfgpu watch on` resets it per cell) 3.0 GiB." in text
+    assert "`%tfgpu limit off` (the cap is what ran out)" in text
+    assert "`%tfgpu growth on`" in text and "`%tfgpu restart` to apply that and give TensorFlow's pool back" in text
+
+
+def test_an_uncapped_gpu_oom_does_not_blame_a_cap() -> None:
+    fake, ctl, mem = gpu_session("visible 1", "growth on")
+    text = "\n".join(oom.explain(Exception(GPU_OOM), ctl, mem, peak_from_cell=True))
+    assert "Cap in force: none (growth on: the pool grows on demand)" in text
+    assert "limit off" not in text and "growth on`" not in text
+    assert "`%tfgpu restart` to give TensorFlow's pool back to the card" in text
+    assert "the cell's peak" in text
+
+
+def test_a_cpu_oom_says_host_memory() -> None:
+    fake, ctl, mem = gpu_session()
+    text = "\n".join(oom.explain(Exception(parse_message_cpu()), ctl, mem))
+    assert "on CPU:0: it asked for 1.0 TiB" in text and "host memory (RAM)" in text
+    assert "Cap in force" not in text and text.endswith("Next: a smaller batch or tensor.")
+
+
+def parse_message_cpu() -> str:
+    return ("OOM when allocating tensor with shape[274877906944] and type float on "
+            "/job:localhost/replica:0/task:0/device:CPU:0 by allocator mklcpu")
+
+
+# ----- releasing the failed frames, on the real in-process shell ----------------------------------
+FAILING_CELL = """
+import weakref
+class Held: pass
+def step():
+    held = Held()
+    global ref; ref = weakref.ref(held)
+    raise MemoryError("no room")
+step()
+"""
+
+
+@pytest.fixture
+def ipshell():
+    from IPython.testing import globalipapp
+
+    return globalipapp.get_ipython()
+
+
+def test_clear_frames_alone_keeps_the_tensor_but_the_release_frees_it(ipshell) -> None:
+    """DESIGN §7, on IPython's real traceback path: after `traceback.clear_frames` the object lives on
+    (the formatter's `f_locals` snapshot holds it); `release_frames` frees it, and the traceback stays."""
+    result = ipshell.run_cell(FAILING_CELL)
+    error = result.error_in_exec
+    traceback.clear_frames(sys.last_traceback)
+    import gc
+
+    gc.collect()
+    assert ipshell.user_ns["ref"]() is not None
+    step = [frame for frame in oom.frames_of(error) if frame.f_code.co_name == "step"][0]
+    assert oom.release_frames(error) >= 2  # step, and IPython's run_code
+    assert ipshell.user_ns["ref"]() is None
+    assert step.f_locals == {}  # what `%debug` shows of that frame now
+    assert sys.last_traceback is not None and "step" in "".join(traceback.format_tb(sys.last_traceback))
+
+
+def test_the_cells_own_namespace_is_not_cleared(ipshell) -> None:
+    result = ipshell.run_cell("kept = [1, 2, 3]\nraise MemoryError('x')")
+    oom.release_frames(result.error_in_exec)
+    assert ipshell.user_ns["kept"] == [1, 2, 3]
+
+
+def test_the_hook_ignores_other_errors_and_successes() -> None:
+    hook = oom.OomHook(controller=None)  # type: ignore[arg-type] (never reached)
+    hook(SimpleNamespace(error_in_exec=MemoryError("not TensorFlow's")))
+    hook(SimpleNamespace(error_in_exec=None))
+
+
+# ----- who initialized, through a fake state ------------------------------------------------------
+class FakeEvents:
+    def __init__(self) -> None:
+        self.callbacks = {"pre_run_cell": [], "post_run_cell": []}
+
+    def register(self, event: str, callback) -> None:
+        self.callbacks[event].append(callback)
+
+    def unregister(self, event: str, callback) -> None:
+        self.callbacks[event].remove(callback)
+
+
+@pytest.fixture
+def fresh_record() -> Iterator[None]:
+    initcell.forget()
+    yield
+    initcell.forget()
+
+
+def test_the_initializing_cell_is_named_and_the_hooks_leave(fresh_record) -> None:
+    state = {"initialized": False}
+    shell = SimpleNamespace(events=FakeEvents(), history_manager=SimpleNamespace(input_hist_parsed=["", "a"]))
+    watch = initcell.watch_initialization(shell, lambda: state["initialized"])
+    assert watch is not None and len(shell.events.callbacks["post_run_cell"]) == 1
+    watch.post(SimpleNamespace(execution_count=2, info=SimpleNamespace(raw_cell="x = 1\n")))
+    assert initcell.initialized_by() is None
+    watch.pre()
+    state["initialized"] = True
+    cell = "\n  model.fit(x_train, y_train, epochs=10, batch_size=128)\nmore\n"
+    watch.post(SimpleNamespace(execution_count=7, info=SimpleNamespace(raw_cell=cell)))
+    assert initcell.initialized_by() == "by In [7]: `model.fit(x_train, y_train, ...`"
+    assert shell.events.callbacks == {"pre_run_cell": [], "post_run_cell": []}
+    assert initcell.label(RuntimeState(imported=True, initialized=True).label) == (
+        "initialized by In [7]: `model.fit(x_train, y_train, ...`: device settings are locked until the kernel restarts")
+
+
+def test_initialized_outside_a_cell_says_what_is_known(fresh_record) -> None:
+    shell = SimpleNamespace(events=FakeEvents(), history_manager=SimpleNamespace(input_hist_parsed=["", "a", "b"]))
+    state = {"initialized": False}
+    watch = initcell.watch_initialization(shell, lambda: state["initialized"])
+    state["initialized"] = True  # e.g. a startup file, or a variable inspector's silent request
+    watch.pre()
+    assert initcell.initialized_by() == initcell.OUTSIDE + ", before In [3]"
+    assert shell.events.callbacks == {"pre_run_cell": [], "post_run_cell": []}
+
+
+def test_no_shell_or_already_initialized_registers_nothing(fresh_record) -> None:
+    assert initcell.watch_initialization(None) is None
+    shell = SimpleNamespace(events=FakeEvents())
+    assert initcell.watch_initialization(shell, lambda: True) is None
+    assert shell.events.callbacks == {"pre_run_cell": [], "post_run_cell": []}
+    assert initcell.initialized_by().startswith("before tfgpu_magic could watch")
+
+
+# ----- the whole story in one real kernel (real TensorFlow, CPU build) ----------------------------
+OURS = ("[c for e in ('pre_run_cell', 'post_run_cell') for c in get_ipython().events.callbacks[e] "
+        "if 'tfgpu_magic' in getattr(c, '__module__', '') + type(c).__module__]")
+"""Our callbacks on the kernel's cell events."""
+SETUP = """
+import tensorflow as tf
+from tfgpu_magic import get_controller
+from tfgpu_magic.tf import cellhooks, initcell, oom
+cellhooks.on_tensorflow_import(get_controller())  # what the import hook's callback does (hook-up)
+"""
+REAL_OOM = """
+import weakref
+def step():
+    held = tf.ones([256, 1024])
+    global ref; ref = weakref.ref(held)
+    tf.zeros([1 << 38])
+step()
+"""
+RAISED_OOM = f"""
+def step2():
+    held = tf.ones([256, 1024])
+    global ref2; ref2 = weakref.ref(held)
+    raise tf.errors.ResourceExhaustedError(None, None, {GPU_OOM!r})
+step2()
+"""
+
+
+@pytest.fixture(scope="module")
+def tf_kernel() -> Iterator[Kernel]:
+    with running_kernel() as kernel:
+        kernel.ok("%load_ext tfgpu_magic")
+        assert kernel.evaluate(f"len({OURS})") == 0  # before TensorFlow is imported: no hook at all
+        kernel.ok(SETUP)
+        assert kernel.evaluate(f"len({OURS})") == 3  # the initializing-cell pair and the OOM hook
+        yield kernel
+
+
+@pytest.mark.tensorflow
+def test_a_real_oom_explains_itself_and_lets_go(tf_kernel: Kernel) -> None:
+    """The traceback is IPython's own (ename, the failing frame), the explanation follows it on
+    stderr, and the tensor only `step`'s frame held is dead by the next cell; `%tb` still works."""
+    assert tf_kernel.evaluate("initcell.initialized_by()") is None  # imported, not initialized yet
+    tf_kernel.ok("x = tf.constant(1)  # the first op")
+    assert tf_kernel.evaluate("initcell.initialized_by()") == "by In [3]: `x = tf.constant(1)  # the first op`"
+    assert tf_kernel.evaluate(f"len({OURS})") == 1  # the pair left once the cell was known: only the OOM hook
+    result = tf_kernel.run(REAL_OOM, timeout=180)
+    assert result.status == "error" and result.errors[0]["ename"] == "ResourceExhaustedError"
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", result.traceback)  # IPython's colours
+    assert "step()" in shown and "tf.zeros([1 << 38])" in shown
+    assert "tfgpu: TensorFlow ran out of memory on CPU:0: it asked for 1.0 TiB (shape [274877906944], float)." \
+        in result.stderr
+    assert "host memory (RAM)" in result.stderr
+    assert "`%debug` on this error sees cleared frames" in result.stderr
+    assert tf_kernel.evaluate("ref() is None") is True
+    assert "tf.zeros([1 << 38])" in re.sub(r"\x1b\[[0-9;]*m", "", tf_kernel.run("%tb").output)
+
+
+@pytest.mark.tensorflow
+def test_with_the_release_off_the_frames_keep_the_tensor(tf_kernel: Kernel) -> None:
+    """Also: the notebook gets the error (the traceback) first, then the explanation."""
+    tf_kernel.ok("oom.settings.release = False")
+    result, order = CellResult(), []
+
+    def hook(msg: dict) -> None:
+        result.collect(msg)
+        content = msg["content"]
+        if msg["msg_type"] == "error" or "tfgpu:" in content.get("text", ""):
+            order.append(msg["msg_type"])
+
+    tf_kernel.client.execute_interactive(RAISED_OOM, timeout=60, output_hook=hook, allow_stdin=False)
+    assert result.errors[0]["ename"] == "ResourceExhaustedError" and order[0] == "error" and "stream" in order
+    assert "on GPU:0: it asked for 32.0 GiB" in result.stderr and "released" not in result.stderr
+    assert tf_kernel.evaluate("ref2() is not None") is True
+    tf_kernel.ok("oom.settings.release = True")

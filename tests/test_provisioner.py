@@ -1,0 +1,252 @@
+"""`tfgpu-provisioner`: kernelspecs whose policy is resolved at each launch, through jupyter_client's
+`KernelManager` and the real entry point (installed by `pip install -e`).
+
+The provisioner runs in this process (KernelManager calls it here), so the fake 4-GPU inventory is
+injected at `provisioner.read_inventory`; the kernels are real ipykernel processes, and the policy
+they get is checked from inside them, real TensorFlow (CPU) included.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from fake_nvml import UUIDS, FakeNvml, four_gpus
+from jupyter_client import KernelManager
+from servers import JupyterEnv, isolated_jupyter
+
+from tfgpu_magic.gpus import reservations
+from tfgpu_magic.gpus.inventory import Inventory, Nvml, read_inventory
+from tfgpu_magic.jupyter import provisioner
+from tfgpu_magic.jupyter.startup import POLICY_ENV
+from tfgpu_magic.language.policy import Policy
+
+START_TIMEOUT = 120.0
+
+
+@pytest.fixture()
+def env(monkeypatch: pytest.MonkeyPatch) -> Iterator[JupyterEnv]:
+    with isolated_jupyter() as jupyter:
+        monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(jupyter.runtime_dir))
+        yield jupyter
+
+
+def _spec(env: JupyterEnv, name: str, policy: Policy, visible: str | None = None) -> None:
+    directory = env.kernels_dir / name
+    directory.mkdir(parents=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--ext=tfgpu_magic"],
+        "display_name": name, "language": "python", "env": {},
+        "metadata": {"kernel_provisioner": provisioner.provisioner_metadata(policy, visible), "tfgpu_magic": {}},
+    }  # fmt: skip
+    (directory / "kernel.json").write_text(json.dumps(spec), encoding="utf-8")
+
+
+def _start(env: JupyterEnv, name: str, **extra: str) -> KernelManager:
+    manager = KernelManager(kernel_name=name, kernel_spec_manager=env.kernelspec_manager(),
+                            connection_file=str(env.runtime_dir / f"kernel-{name}-{threading.get_ident()}.json"))
+    manager.start_kernel(env={**env.environ, **extra})
+    return manager
+
+
+def _ask(manager: KernelManager, expression: str) -> Any:
+    """`expression`'s value inside the kernel (its repr, evaluated here)."""
+    outputs: list[dict[str, Any]] = []
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=START_TIMEOUT)
+        reply = client.execute_interactive(f"print(repr({expression}))", timeout=START_TIMEOUT, output_hook=outputs.append)
+        assert reply["content"]["status"] == "ok", reply["content"]
+    finally:
+        client.stop_channels()
+    text = "".join(m["content"]["text"] for m in outputs if m["msg_type"] == "stream" and m["content"]["name"] == "stdout")
+    return eval(text)  # noqa: S307 (a repr printed by our own kernel)
+
+
+def _kernel_environ(env: JupyterEnv, name: str, **extra: str) -> dict[str, str]:
+    """The CUDA_* and TFGPU_* variables a kernel launched from spec `name` starts with."""
+    manager = _start(env, name, **extra)
+    try:
+        return _ask(manager, "{k: v for k, v in __import__('os').environ.items() if k.startswith(('CUDA_', 'TFGPU_'))}")
+    finally:
+        _stop(manager)
+
+
+def _stop(manager: KernelManager) -> None:
+    if manager.has_kernel:
+        manager.shutdown_kernel(now=True)
+
+
+def _fake(inventory: Inventory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(provisioner, "read_inventory", lambda: inventory)
+
+
+def test_the_entry_point_is_installed_and_names_a_tfgpu_provisioner() -> None:
+    found = {ep.name: ep for ep in entry_points(group="jupyter_client.kernel_provisioners")}
+    assert provisioner.NAME.startswith("tfgpu") and found[provisioner.NAME].load() is provisioner.TFGPUProvisioner
+    assert issubclass(provisioner.TFGPUProvisioner, __import__("jupyter_client").provisioning.LocalProvisioner)
+
+
+def test_two_simultaneous_auto_launches_land_on_different_gpus(env: JupyterEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake(read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False)))), monkeypatch)
+    _spec(env, "tf-auto", Policy(growth=True), "auto")
+    barrier = threading.Barrier(2)
+    managers: list[KernelManager] = []
+    errors: list[BaseException] = []
+
+    def launch() -> None:
+        try:
+            barrier.wait(10)
+            managers.append(_start(env, "tf-auto"))
+        except BaseException as err:  # noqa: BLE001 (reported by the test thread)
+            errors.append(err)
+
+    threads = [threading.Thread(target=launch) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(START_TIMEOUT)
+    try:
+        assert not errors and len(managers) == 2
+        assert all(isinstance(m.provisioner, provisioner.TFGPUProvisioner) for m in managers)
+        seen = [_ask(m, "__import__('os').environ.get('CUDA_VISIBLE_DEVICES')") for m in managers]
+        assert sorted(seen) == sorted([UUIDS[1], UUIDS[2]])  # the two freest cards, one each
+        policies = [_ask(m, f"__import__('os').environ['{POLICY_ENV}']") for m in managers]
+        assert sorted(json.loads(p)["visible"][0] for p in policies) == sorted(seen)
+        assert all(json.loads(p)["growth"] is True for p in policies)
+        placed = _ask(managers[0], f"__import__('os').environ['{provisioner.PLACED_ENV}']")
+        assert placed.startswith("auto picked GPU ")
+        live = reservations.current(env.runtime_dir)
+        assert sorted(g for r in live for g in r.gpus) == sorted(seen)
+        assert sorted(r.kernel_pid for r in live) == sorted(m.provisioner.pid for m in managers)
+
+        from tfgpu_magic.holders import who
+
+        rows = {row["pid"]: row for row in who(Inventory(error="no NVML here"), env.runtime_dir)}
+        assert all(rows[m.provisioner.pid]["placed"].startswith("auto picked GPU ") for m in managers)
+
+        before = seen[0]
+        managers[0].restart_kernel(now=True)
+        assert _ask(managers[0], "__import__('os').environ.get('CUDA_VISIBLE_DEVICES')") == before
+        assert len(reservations.current(env.runtime_dir)) == 2
+    finally:
+        for manager in managers:
+            _stop(manager)
+    assert reservations.current(env.runtime_dir) == []
+    assert list(env.runtime_dir.glob(f"{reservations.PREFIX}*")) == []
+
+
+def test_a_reservation_of_an_ended_launcher_is_ignored(env: JupyterEnv) -> None:
+    from servers import dead_pid
+
+    inventory = read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False))))
+    first = reservations.reserve("k1", 1, inventory, env.runtime_dir)
+    assert first.gpus == (UUIDS[2],)
+    second = reservations.reserve("k2", 1, inventory, env.runtime_dir)
+    assert second.gpus == (UUIDS[1],)
+    reservations.set_kernel_pid(first, dead_pid())
+    assert reservations.reserve("k3", 1, inventory, env.runtime_dir).gpus == (UUIDS[2],)
+    assert not first.path.exists()
+
+
+def test_the_pick_and_its_record_are_one_step_under_the_lock(env: JupyterEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight launchers at once, each slowed between ranking and recording: still four distinct cards
+    first, then each card twice (the lock, not luck, keeps them apart)."""
+    import time
+
+    inventory = read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False))))
+    rank = reservations.rank
+    monkeypatch.setattr(reservations, "rank", lambda *args: (time.sleep(0.05), rank(*args))[1])
+    barrier = threading.Barrier(8)
+    picked: list[str] = []
+
+    def launch(n: int) -> None:
+        barrier.wait(10)
+        picked.extend(reservations.reserve(f"k{n}", 1, inventory, env.runtime_dir).gpus)
+
+    threads = [threading.Thread(target=launch, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(picked) == sorted(UUIDS * 2)
+
+
+def test_without_nvml_visible_auto_launches_with_a_warning_for_the_first_cell(
+        env: JupyterEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake(Inventory(error="NVML unavailable: no NVIDIA driver here"), monkeypatch)
+    _spec(env, "tf-auto", Policy(), "auto:2")
+    environ = _kernel_environ(env, "tf-auto")
+    assert "CUDA_VISIBLE_DEVICES" not in environ
+    assert environ[provisioner.WARNING_ENV] == (
+        "visible auto: no GPU inventory at launch (NVML unavailable: no NVIDIA driver here); "
+        "the kernel starts with the GPUs it inherits")
+    assert reservations.current(env.runtime_dir) == []
+
+
+def test_auto_picks_only_among_the_gpus_a_scheduler_granted(env: JupyterEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slurm or a device plugin set CUDA_VISIBLE_DEVICES for the server: `auto` stays inside that grant."""
+    _fake(read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False)))), monkeypatch)
+    _spec(env, "tf-auto", Policy(), "auto")
+    environ = _kernel_environ(env, "tf-auto", CUDA_VISIBLE_DEVICES=f"0,{UUIDS[3]}")
+    assert environ["CUDA_VISIBLE_DEVICES"] == UUIDS[0]  # 60 GB free beats 40
+
+
+def test_a_runtime_dir_that_refuses_the_record_does_not_stop_the_kernel(env: JupyterEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A planted link at the lock file: the pick is not recorded, the kernel starts with a warning."""
+    _fake(read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False)))), monkeypatch)
+    (env.runtime_dir / reservations.LOCK_NAME).symlink_to(env.root / "elsewhere")
+    _spec(env, "tf-auto", Policy(), "auto")
+    environ = _kernel_environ(env, "tf-auto")
+    assert "CUDA_VISIBLE_DEVICES" not in environ and not (env.root / "elsewhere").exists()
+    assert environ[provisioner.WARNING_ENV].startswith("visible auto: could not record the pick in the runtime dir")
+
+
+def test_a_grant_narrows_the_choice_unless_it_names_an_unknown_gpu() -> None:
+    inventory = read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False))))
+    assert provisioner.granted_gpus(inventory, None) is inventory
+    assert provisioner.granted_gpus(inventory, "MIG-1234") is None
+    assert [g.index for g in provisioner.granted_gpus(inventory, "2,1,2").gpus] == [2, 1]
+
+
+def test_the_policy_is_in_force_before_the_first_cell(env: JupyterEnv) -> None:
+    """Real TensorFlow (CPU): the first cell imports it and already sees the two logical CPUs."""
+    _spec(env, "tf-cpu2", Policy(cpu_devices=2))
+    manager = _start(env, "tf-cpu2")
+    try:
+        devices = _ask(manager, "[d.name for d in __import__('tensorflow').config.list_logical_devices('CPU')]")
+    finally:
+        _stop(manager)
+    assert devices == ["/device:CPU:0", "/device:CPU:1"]
+
+
+def test_a_jupyter_server_launches_through_the_provisioner_too(env: JupyterEnv) -> None:
+    """JupyterLab's launcher and JupyterHub's single-user server start kernels this way (POST
+    api/kernels); the server's own process runs the provisioner, found by its entry point. No NVML
+    there: `visible auto` still starts the kernel, with the warning for its first cell."""
+    from servers import running_server
+
+    _spec(env, "tf-auto-cpu2", Policy(cpu_devices=2), "auto")
+    with running_server(env) as server:
+        assert "tf-auto-cpu2" in server.kernelspecs()
+        with server.kernel("tf-auto-cpu2") as kernel:
+            environ = kernel.evaluate("{k: v for k, v in __import__('os').environ.items() if k.startswith('TFGPU_')}")
+            assert environ[provisioner.WARNING_ENV].startswith("visible auto: no GPU inventory at launch")
+            assert json.loads(environ[POLICY_ENV])["cpu_devices"] == 2
+            assert kernel.evaluate("len(__import__('tensorflow').config.list_logical_devices('CPU'))") == 2
+
+
+def test_a_bad_provisioner_config_is_one_policy_error() -> None:
+    from tfgpu_magic.errors import PolicyError
+
+    with pytest.raises(PolicyError, match="auto or auto:N"):
+        provisioner.provisioner_metadata(Policy(), "0,1")
+    with pytest.raises(PolicyError, match="COUNT"):
+        provisioner.auto_count("auto:zero")
+    assert provisioner.provisioner_metadata(Policy(), "auto:2")["config"] == {"policy": Policy().to_dict(), "visible": "auto:2"}

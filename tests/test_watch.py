@@ -1,0 +1,143 @@
+"""`%tfgpu watch on | off` (`tfgpu_magic.views.watch`) on the real in-process IPython shell.
+
+The cells' GPU memory is played by the fakes, which decide it: FakeMemory (TensorFlow's tensor bytes
+and peaks per logical GPU, `reset_memory_stats` setting the peak to the current figure), FakeNvml
+(this process's MiB on each card, changed by the cells), FakeTF (initialized or not).
+The per-cell cost is measured without GPUs, with the real TensorFlow reader (TensorFlow not imported).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+from typing import Iterator
+
+import pytest
+from fake_memory import FakeMemory
+from fake_nvml import FakeNvml, four_gpus
+from fake_tf import FakeTF
+from IPython.core.interactiveshell import InteractiveShell
+from kernels import tensorflow_stays_out_of_pytest  # noqa: F401 (autouse)
+
+from tfgpu_magic.controller import Controller
+from tfgpu_magic.errors import PolicyError
+from tfgpu_magic.gpus.inventory import InventoryCatalog, Nvml, read_inventory
+from tfgpu_magic.tf import importhook
+from tfgpu_magic.views import watch
+
+MIB = 1 << 20
+EVENTS = ("pre_run_cell", "post_run_cell")
+
+
+@pytest.fixture
+def ipshell() -> Iterator[InteractiveShell]:
+    from IPython.testing import globalipapp
+
+    shell = globalipapp.get_ipython()
+    yield shell
+    watch.watch_off(shell)
+    importhook.disarm()
+
+
+def hooks(shell: InteractiveShell) -> dict[str, int]:
+    return {event: len(shell.events.callbacks[event]) for event in EVENTS}
+
+
+def gpu_machine(initialized: bool = True) -> tuple[FakeTF, Controller, FakeMemory, FakeNvml]:
+    """Cards 0 and 1 visible (`visible 0,1`, limit 4 GB on GPU 0); this process holds 1 GiB on card 0."""
+    nvml = FakeNvml(four_gpus())
+    env: dict[str, str] = {}
+    fake = FakeTF(4, imported=False, environ=env)
+    ctl = Controller(api=fake, environ=env, catalog=InventoryCatalog(read_inventory(Nvml(module=nvml))))
+    ctl.edit([ctl.parse("visible 0,1"), ctl.parse("limit 4GB 0")])
+    fake.imported = True
+    importhook.disarm()
+    ctl.apply()
+    if initialized:
+        fake.initialize()
+    return fake, ctl, FakeMemory(fake), nvml
+
+
+def start(shell: InteractiveShell, initialized: bool = True) -> tuple[FakeMemory, FakeNvml, io.StringIO, FakeTF]:
+    fake, ctl, mem, nvml = gpu_machine(initialized)
+    out = io.StringIO()
+    watch.watch_on(shell, ctl, mem, lambda: read_inventory(Nvml(module=nvml)), out)
+    shell.user_ns.update(mem=mem, nvml=nvml, pid=os.getpid(), MIB=MIB)
+    return mem, nvml, out, fake
+
+
+def test_off_by_default_and_off_leaves_no_hook(ipshell: InteractiveShell) -> None:
+    assert watch.current(ipshell) is None
+    before = hooks(ipshell)
+    start(ipshell)
+    assert hooks(ipshell) == {event: count + 1 for event, count in before.items()}
+    assert watch.watch(None, ipshell, "on") == "Memory watch is already on."  # type: ignore[arg-type]
+    assert watch.watch(None, ipshell, "off") == "Memory watch off: no hook left."  # type: ignore[arg-type]
+    assert hooks(ipshell) == before and watch.current(ipshell) is None
+    assert watch.watch(None, ipshell, "off") == "Memory watch is off."  # type: ignore[arg-type]
+
+
+def test_one_line_per_gpu_whose_memory_moved(ipshell: InteractiveShell) -> None:
+    mem, nvml, out, _ = start(ipshell)
+    ipshell.run_cell("mem.allocate('GPU:0', 512 * MIB); mem.allocate('GPU:0', 256 * MIB); mem.free('GPU:0', 256 * MIB)\n"
+                     "nvml.gpus[0].processes[0] = (pid, 2048)")
+    assert out.getvalue().splitlines() == [
+        "tfgpu watch: GPU 0: cell peak 768 MiB, held 2.0 GiB (+1.0 GiB), tensors +512 MiB, "
+        "cap 4.0 GiB (limit on GPU 0, 5% of the card)"]
+    assert ("reset", "GPU:0") in mem.calls and ("reset", "GPU:1") in mem.calls
+    out.truncate(0), out.seek(0)
+    ipshell.run_cell("x = 1")
+    assert out.getvalue() == ""  # nothing moved: no line
+
+
+def test_the_peak_is_the_cells_own(ipshell: InteractiveShell) -> None:
+    """Reset before the cell: an earlier cell's peak does not show up again."""
+    mem, nvml, out, _ = start(ipshell)
+    ipshell.run_cell("mem.allocate('GPU:1', 900 * MIB); mem.free('GPU:1', 900 * MIB)")
+    ipshell.run_cell("mem.allocate('GPU:1', 100 * MIB); mem.free('GPU:1', 100 * MIB)")
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("tfgpu watch: GPU 1: cell peak 900 MiB, held 0 KiB (+0 KiB), tensors +0 KiB")
+    assert lines[1].startswith("tfgpu watch: GPU 1: cell peak 100 MiB")
+
+
+def test_steady_growth_is_flagged(ipshell: InteractiveShell) -> None:
+    mem, nvml, out, _ = start(ipshell)
+    for cell in range(watch.GROWTH_CELLS):
+        ipshell.run_cell(f"nvml.gpus[0].processes[0] = (pid, {1024 + 256 * (cell + 1)})")
+    flags = [line for line in out.getvalue().splitlines() if "grew" in line]
+    assert flags == [f"tfgpu watch: GPU 0: held memory grew in each of the last {watch.GROWTH_CELLS} cells (+1.0 GiB "
+                     "in all): something keeps references across cells (a list of results, a growing history, "
+                     "retraced tf.functions)"]
+
+
+def test_before_initialization_the_hooks_only_read_the_state(ipshell: InteractiveShell) -> None:
+    mem, nvml, out, fake = start(ipshell, initialized=False)
+    ipshell.run_cell("y = 2")
+    assert mem.calls == [] and out.getvalue() == ""
+    ipshell.user_ns["fake"] = fake
+    ipshell.run_cell("fake.initialize(); mem.allocate('GPU:0', 64 * MIB)")
+    assert out.getvalue().startswith("tfgpu watch: GPU 0: cell peak 64 MiB")  # the initializing cell
+
+
+def test_a_wrong_word_is_a_usage_error(ipshell: InteractiveShell) -> None:
+    with pytest.raises(PolicyError, match="watch on | off"):
+        watch.watch(None, ipshell, "maybe")  # type: ignore[arg-type]
+
+
+def test_the_per_cell_cost_without_gpus_is_small(ipshell: InteractiveShell) -> None:
+    """Real reader, TensorFlow not imported: each cell pays two state reads. Measured on the shell's
+    own empty-cell time (noisy on shared CPUs, hence the loose bound; `make bench` has the number)."""
+
+    def per_cell(cells: int = 300) -> float:
+        started = time.perf_counter()
+        for _ in range(cells):
+            ipshell.run_cell("pass", store_history=False)
+        return (time.perf_counter() - started) / cells
+
+    plain = min(per_cell() for _ in range(3))
+    watch.watch_on(ipshell, Controller(environ={}))
+    watched = min(per_cell() for _ in range(3))
+    watch.watch_off(ipshell)
+    print(f"empty cell: {plain * 1e6:.0f} µs, with watch on: {watched * 1e6:.0f} µs ({watched / plain:.3f}x)")
+    assert watched < plain * 1.5

@@ -1,0 +1,181 @@
+"""What each `%tfgpu` action does, beside the controller: the magic parses a line and renders what
+these return; the panel calls the same controller methods (export, apply, edits, pending changes).
+
+Every action has one signature, `(controller, shell, arg, **options)`, so a dispatcher can call
+any of them from the directive registry: `shell` is the IPython shell (None in a script), `arg` the
+directive's one argument, `options` the `--options` with dashes as underscores (`--display-name` →
+`display_name`). Each returns plain text (print it unless empty) or a `views.results.Result`
+(display it: text in a terminal, HTML in a notebook); `views.results.show` does either. User
+mistakes raise `PolicyError`.
+
+This module never imports the magic; it imports the panel only inside `open_panel`, and the panel
+does not import it back (it is handed the restart it needs).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from .controller import Controller
+from .errors import PolicyError
+from .jupyter import persist
+from .tf.runtime import ApplyReport
+from .views.results import DoctorResult, Result, RestartOffer, StatusResult
+from .views.status import describe_policy, describe_report, restart_hint, snapshot
+
+Action = Callable[..., "str | Result"]
+
+
+def status(controller: Controller, shell: Any = None, arg: str | None = None) -> StatusResult:
+    """`%tfgpu` / `%tfgpu status`: TensorFlow's state, the policy, the environment, what TF recorded."""
+    return StatusResult(snapshot(controller))
+
+
+def edit_report(report: ApplyReport, shell: Any = None, action: str = "edit") -> str:
+    """The lines an edit (`action` "edit"), `reset` or `apply` prints about its `ApplyReport`."""
+    return describe_report(report, restart_hint(shell), action)
+
+
+def apply(controller: Controller, shell: Any = None, arg: str | None = None) -> str:
+    """`%tfgpu apply`: apply now as far as TensorFlow allows."""
+    return edit_report(controller.apply(), shell, "apply")
+
+
+def export(controller: Controller, shell: Any = None, arg: str | None = None) -> str:
+    """`%tfgpu export [python | env | json]`: the standalone equivalent of the policy."""
+    return controller.export(arg or "python").rstrip("\n")
+
+
+def restart(controller: Controller, shell: Any, arg: str | None = None, *, yes: bool = False) -> str | Result:
+    """`%tfgpu restart [--yes]`: with `yes`, or where nothing could restart the kernel anyway, store
+    the policy and restart (or say what to do); else say what is lost and offer a confirm button
+    where pressing it restarts."""
+    from .jupyter.restart import TO_DO_FRONTEND, choose_route
+
+    if yes:
+        return restart_now(controller, shell)
+    route = choose_route(shell)
+    if route.kind == "none":
+        return restart_now(controller, shell)  # says why nothing can restart here and what to do instead
+    pending = [f"  - {item}" for _, items in controller.pending() for item in items]
+    lost = ["Restarting loses every variable of this kernel." + (" Changes it applies:" if pending else "")] + pending
+    if not route.restarts:
+        last = f"Nothing here can restart this kernel: run `%tfgpu restart --yes` to store the policy, then {TO_DO_FRONTEND}."
+        return "\n".join(lost + [last])
+    text = "\n".join(lost + ["Click the button, or run `%tfgpu restart --yes`."])
+    return RestartOffer(text, functools.partial(restart_now, controller, shell))
+
+
+def restart_now(controller: Controller, shell: Any) -> str:
+    """Store the policy for the next kernel and restart this one by the best route; what happened."""
+    from .jupyter.restart import restart_and_apply
+
+    return restart_and_apply(shell, controller.policy)
+
+
+def restarts(shell: Any) -> bool:
+    """Whether anything brings this kernel back after a restart (else a restart only stores the policy)."""
+    from .jupyter.restart import choose_route
+
+    return choose_route(shell).restarts
+
+
+def doctor(controller: Controller, shell: Any = None, arg: str | None = None) -> DoctorResult:
+    """`%tfgpu doctor`: why TensorFlow does (not) see a GPU, check by check, with the fix."""
+    from .gpus.doctor import inspect_machine, run_checks
+
+    machine = inspect_machine(controller.environ, controller.inventory(), controller.policy, controller.api)
+    return DoctorResult(tuple(run_checks(machine)))
+
+
+def panel(controller: Controller, shell: Any, arg: str | None = None) -> str:
+    """`%tfgpu panel`: show the widget panel (its restart button uses `restart_now`); '' once shown."""
+    if getattr(shell, "kernel", None) is None:
+        return "The panel needs a notebook front end (JupyterLab, Notebook 7, VS Code); here use %tfgpu directives."
+    open_panel(controller, shell)
+    return ""
+
+
+def open_panel(controller: Controller, shell: Any) -> Any:
+    """Build and display a panel over `controller` for `shell`'s kernel; returns the `Panel`."""
+    from .views.panel import show_panel
+
+    return show_panel(controller, shell, functools.partial(restart_now, controller, shell), restarts(shell))
+
+
+def _setup_errors(action: Action) -> Action:
+    """Files that cannot be written and a missing jupyter_client become one-line errors."""
+
+    @functools.wraps(action)
+    def guarded(*args: Any, **kwargs: Any) -> str | Result:
+        try:
+            return action(*args, **kwargs)
+        except OSError as err:
+            raise PolicyError(f"{action.__name__}: {err}") from None
+        except ImportError as err:
+            raise PolicyError(f"{action.__name__} needs {err.name}: pip install {err.name}") from None
+
+    return guarded
+
+
+def _profile_dir(shell: Any) -> str:
+    return shell.profile_dir.location
+
+
+@_setup_errors
+def default(controller: Controller, shell: Any, arg: str | None = None) -> str:
+    """`%tfgpu default save | clear | show` (`arg`; None is show): the profile's default policy."""
+    path = persist.default_path(_profile_dir(shell))
+    if arg == "save":
+        persist.write_policy(path, controller.policy)
+        return f"Saved as the default policy of every kernel that loads tfgpu_magic ({path})."
+    if arg == "clear":
+        path.unlink(missing_ok=True)
+        return f"No default policy any more ({path} removed)."
+    saved = persist.read_policy(path)
+    if saved is None:
+        return f"No default policy saved ({path})."
+    return f"Default policy ({path}): " + ("; ".join(describe_policy(saved)) or "TensorFlow defaults")
+
+
+@_setup_errors
+def autoload(controller: Controller, shell: Any, arg: str | None = None) -> str:
+    """`%tfgpu autoload on | off`: load the extension in every new kernel of the profile."""
+    return persist.set_autoload(_profile_dir(shell), arg == "on")
+
+
+@_setup_errors
+def kernelspec(controller: Controller, shell: Any, arg: str | None = None, *,
+               display_name: str | None = None, remove: bool = False) -> str:
+    """`%tfgpu kernelspec NAME [--display-name TEXT] [--remove]`: install or remove our kernelspec `arg`."""
+    from .jupyter import kernelspec as specs
+
+    name = arg or ""
+    if remove:
+        return f"Removed kernelspec {name!r} ({specs.remove(name)})."
+    where = specs.install(name, controller.policy, display_name)
+    return f"Installed kernelspec {name!r} in {where}; pick it in the launcher for a kernel with this policy."
+
+
+ACTIONS: dict[str, Action] = {
+    "status": status,
+    "apply": apply,
+    "export": export,
+    "restart": restart,
+    "doctor": doctor,
+    "panel": panel,
+    "default": default,
+    "autoload": autoload,
+    "kernelspec": kernelspec,
+}
+"""Every action by directive name; the registry's action directives and these keys are the same set."""
+
+
+def run(name: str, controller: Controller, shell: Any, arg: str | None = None, **options: Any) -> str | Result:
+    """Run action `name`; `options` as keyword arguments (`yes=True`, `display_name="..."`)."""
+    try:
+        action = ACTIONS[name]
+    except KeyError:
+        raise PolicyError(f"`{name}` is not an action") from None
+    return action(controller, shell, arg, **options)

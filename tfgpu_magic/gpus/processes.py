@@ -1,0 +1,170 @@
+"""This machine's processes as `who` needs them: owner, Jupyter kernel id, TensorFlow loaded — read from /proc only.
+
+Nothing here signals, attaches to or asks a process anything: a kernel's command line names its
+connection file (`-f …/kernel-<id>.json` when a Jupyter server started it), its memory map shows
+whether TensorFlow's native library is loaded, its status gives its owner. /proc files are read as
+hostile: opened without blocking, never more than a byte cap (their size is 0 in `stat`, so the cap
+is on what is read, not on `st_size`), undecodable bytes replaced. Another user's maps are unreadable
+(and not ours to read): their `tensorflow` is None.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..jupyter.startup import server_kernel_id
+
+PROC = Path("/proc")
+CMDLINE_BYTES = 64 << 10
+STATUS_BYTES = 16 << 10
+MAPS_BYTES = 16 << 20
+"""A TensorFlow process maps a few thousand regions (~1 MiB of text); 16 MiB bounds a hostile one."""
+TF_MARKERS = ("libtensorflow", "_pywrap_tensorflow_internal")
+"""File names in /proc/PID/maps that only a process with TensorFlow imported has mapped."""
+KERNEL_MODULES = ("ipykernel_launcher", "ipykernel")
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One process as /proc shows it. `tensorflow` None: its map could not be read (another user's)."""
+
+    pid: int
+    uid: int | None
+    user: str | None
+    connection_file: str | None
+    kernel_id: str | None
+    tensorflow: bool | None
+
+    @property
+    def is_kernel(self) -> bool:
+        """A process started with a connection file (`-f FILE`): an IPython/Jupyter kernel."""
+        return self.connection_file is not None
+
+
+def read_capped(path: Path, max_bytes: int) -> bytes | None:
+    """At most `max_bytes` of `path`; None when it cannot be read (gone, not ours, not a regular
+    /proc entry). Never blocks: a FIFO planted where /proc should be is not waited on."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        chunks: list[bytes] = []
+        left = max_bytes
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def cmdline(pid: int, proc: Path = PROC) -> list[str]:
+    """The argv of `pid` ([] when unreadable or a kernel thread)."""
+    data = read_capped(proc / str(pid) / "cmdline", CMDLINE_BYTES)
+    if not data:
+        return []
+    return [arg.decode("utf-8", "replace") for arg in data.rstrip(b"\0").split(b"\0")]
+
+
+def connection_file_of(argv: list[str]) -> str | None:
+    """The connection file an ipykernel command line names (`-f FILE`, `-f=FILE`, `--f=FILE`); None
+    for anything that is not a kernel started with one."""
+    if not any(os.path.basename(arg).startswith(KERNEL_MODULES) for arg in argv):
+        return None
+    for at, arg in enumerate(argv):
+        if arg == "-f" and at + 1 < len(argv):
+            return argv[at + 1]
+        for prefix in ("-f=", "--f="):
+            if arg.startswith(prefix) and len(arg) > len(prefix):
+                return arg[len(prefix):]
+    return None
+
+
+def kernel_id_of(connection_file: str | None) -> str | None:
+    """The server's kernel id where the file is named `kernel-<id>.json`; other front ends' names give None."""
+    if connection_file is None:
+        return None
+    return server_kernel_id(Path(connection_file))
+
+
+def uid_of(pid: int, proc: Path = PROC) -> int | None:
+    """The real uid in /proc/PID/status."""
+    data = read_capped(proc / str(pid) / "status", STATUS_BYTES)
+    if data is None:
+        return None
+    for line in data.decode("ascii", "replace").splitlines():
+        if line.startswith("Uid:"):
+            fields = line.split()
+            if len(fields) > 1 and fields[1].isdigit():
+                return int(fields[1])
+    return None
+
+
+def user_name(uid: int | None) -> str | None:
+    """The login name of `uid` (the number as text where the password database has none)."""
+    if uid is None:
+        return None
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)
+
+
+def tensorflow_loaded(pid: int, proc: Path = PROC) -> bool | None:
+    """Whether TensorFlow's native library is mapped in `pid`; None when its map is unreadable."""
+    data = read_capped(proc / str(pid) / "maps", MAPS_BYTES)
+    if data is None:
+        return None
+    return any(marker.encode() in data for marker in TF_MARKERS)
+
+
+def describe(pid: int, proc: Path = PROC, read_maps: bool | None = None) -> ProcessInfo:
+    """`ProcessInfo` of `pid`. `read_maps`: whether to look at its memory map (default: only for
+    this user's processes)."""
+    uid = uid_of(pid, proc)
+    connection = connection_file_of(cmdline(pid, proc))
+    mine = uid is not None and hasattr(os, "getuid") and uid == os.getuid()
+    tensorflow = tensorflow_loaded(pid, proc) if (mine if read_maps is None else read_maps) else None
+    return ProcessInfo(pid, uid, user_name(uid), connection, kernel_id_of(connection), tensorflow)
+
+
+def all_pids(proc: Path = PROC) -> list[int]:
+    """Every pid /proc lists ([] without /proc)."""
+    try:
+        return sorted(int(entry.name) for entry in proc.iterdir() if entry.name.isdigit())
+    except OSError:
+        return []
+
+
+def my_kernels(proc: Path = PROC) -> list[ProcessInfo]:
+    """This user's kernel processes (those started with a connection file)."""
+    me = os.getuid() if hasattr(os, "getuid") else None
+    found = []
+    for pid in all_pids(proc):
+        if uid_of(pid, proc) != me or connection_file_of(cmdline(pid, proc)) is None:
+            continue
+        found.append(describe(pid, proc))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` exists (signal 0 checks, it delivers nothing)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,162 @@
+"""Which GPUs `visible auto` gave to which kernel: short-lived reservations in the Jupyter runtime dir.
+
+NVML shows a kernel's memory only once TensorFlow has allocated some, seconds or minutes after
+launch; two kernels launched together would both see the same card as freest. So the pick is made
+under an exclusive lock on one file of the runtime dir, and recorded there as
+`tfgpu-gpu-<kernel id>.json`: a GPU given away in the last `HOLD_SECONDS` ranks after every GPU that
+was not, whatever NVML says. The record stays until its kernel ends (the provisioner's cleanup)
+or its launcher or kernel process is gone, so `who` can say which GPU each kernel was given and why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from .. import safefile
+from ..errors import PolicyError
+from .inventory import Gpu, Inventory
+
+FORMAT = "tfgpu_magic/reservation/1"
+PREFIX, SUFFIX = "tfgpu-gpu-", ".json"
+LOCK_NAME = "tfgpu-gpu.lock"
+HOLD_SECONDS = 120.0
+"""How long a pick keeps other launches off its GPUs (time enough for TensorFlow to allocate)."""
+RECORD_BYTES = 16 << 10
+_SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+@dataclass(frozen=True)
+class Reservation:
+    kernel_id: str
+    gpus: tuple[str, ...]
+    """GPU UUIDs given to the kernel."""
+    why: str
+    launcher_pid: int
+    kernel_pid: int | None
+    created: float
+    path: Path
+
+    def fresh(self, now: float | None = None) -> bool:
+        return (now or time.time()) - self.created < HOLD_SECONDS
+
+
+def path_for(kernel_id: str, directory: Path) -> Path:
+    return directory / f"{PREFIX}{_SAFE_ID.sub('_', kernel_id)[:128]}{SUFFIX}"
+
+
+@contextlib.contextmanager
+def locked(directory: Path) -> Iterator[None]:
+    """An exclusive lock over the runtime dir's reservations (across processes: `fcntl.flock`)."""
+    import fcntl
+
+    safefile.private_dir(directory)
+    lock = directory / LOCK_NAME
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _read(path: Path) -> Reservation | None:
+    try:
+        data = safefile.read_json(path, RECORD_BYTES, private=True)
+    except PolicyError:
+        return None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return None
+    gpus, pid, kernel_pid, created = data.get("gpus"), data.get("launcher_pid"), data.get("kernel_pid"), data.get("created")
+    if not (isinstance(gpus, list) and all(isinstance(g, str) for g in gpus) and isinstance(pid, int)
+            and isinstance(created, (int, float)) and (kernel_pid is None or isinstance(kernel_pid, int))):
+        return None
+    return Reservation(str(data.get("kernel_id")), tuple(gpus), str(data.get("why", "")), pid, kernel_pid, float(created), path)
+
+
+def _live(reservation: Reservation) -> bool:
+    from .processes import alive
+
+    return alive(reservation.launcher_pid) and (reservation.kernel_pid is None or alive(reservation.kernel_pid))
+
+
+def current(directory: Path) -> list[Reservation]:
+    """The live reservations (those of ended kernels are left out)."""
+    try:
+        paths = sorted(directory.glob(f"{PREFIX}*{SUFFIX}"))
+    except OSError:
+        return []
+    found = [r for r in (_read(p) for p in paths) if r is not None]
+    return [r for r in found if _live(r)]
+
+
+def _prune(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        for path in directory.glob(f"{PREFIX}*{SUFFIX}"):
+            reservation = _read(path)
+            if reservation is not None and not _live(reservation):
+                path.unlink(missing_ok=True)
+
+
+def rank(inventory: Inventory, reservations: list[Reservation], now: float | None = None) -> list[Gpu]:
+    """GPUs freest first, those given to a kernel in the last `HOLD_SECONDS` after all others."""
+    held: dict[str, int] = {}
+    for reservation in reservations:
+        if reservation.fresh(now):
+            for uuid in reservation.gpus:
+                held[uuid] = held.get(uuid, 0) + 1
+    return sorted(
+        inventory.gpus,
+        key=lambda g: (held.get(g.uuid, 0), -(g.memory_free_mib or 0),
+                       101 if g.utilization_pct is None else g.utilization_pct, g.index),
+    )
+
+
+def reserve(kernel_id: str, count: int, inventory: Inventory, directory: Path) -> Reservation:
+    """Pick the `count` freest GPUs not just given to another kernel, and record the pick.
+    `PolicyError` when the machine has fewer GPUs."""
+    if len(inventory.gpus) < count:
+        raise PolicyError(f"visible auto:{count}: this machine has only {len(inventory.gpus)} GPU(s)")
+    with locked(directory):
+        _prune(directory)
+        others = [r for r in current(directory) if r.kernel_id != kernel_id]
+        picked = rank(inventory, others)[:count]
+        held = {uuid for r in others if r.fresh() for uuid in r.gpus}
+        why = "auto picked " + ", ".join(_describe(g, g.uuid in held) for g in picked)
+        path = path_for(kernel_id, directory)
+        record: dict[str, Any] = {
+            "format": FORMAT, "kernel_id": kernel_id, "gpus": [g.uuid for g in picked], "why": why,
+            "launcher_pid": os.getpid(), "kernel_pid": None, "created": time.time(),
+        }
+        safefile.write_atomic(path, json.dumps(record))
+    found = _read(path)
+    assert found is not None
+    return found
+
+
+def _describe(gpu: Gpu, shared: bool) -> str:
+    free = f"{gpu.memory_free_mib} MiB free" if gpu.memory_free_mib is not None else "free memory unknown"
+    busy = f", {gpu.utilization_pct}% busy" if gpu.utilization_pct is not None else ""
+    return f"GPU {gpu.index} ({free}{busy}{', also just given to another kernel' if shared else ''})"
+
+
+def set_kernel_pid(reservation: Reservation, pid: int | None) -> None:
+    """Record the kernel's process once launched (its end then frees the reservation)."""
+    record = {"format": FORMAT, "kernel_id": reservation.kernel_id, "gpus": list(reservation.gpus),
+              "why": reservation.why, "launcher_pid": reservation.launcher_pid, "kernel_pid": pid,
+              "created": reservation.created}
+    with locked(reservation.path.parent):
+        if reservation.path.exists():
+            safefile.write_atomic(reservation.path, json.dumps(record))
+
+
+def release(kernel_id: str, directory: Path) -> None:
+    """Remove the kernel's reservation (it ended)."""
+    with contextlib.suppress(OSError):
+        path_for(kernel_id, directory).unlink(missing_ok=True)

@@ -1,0 +1,352 @@
+"""Every `%tfgpu` directive, declared once: its usage and help, arguments, options, kind, completions
+and, for an edit, the status phrases of its part of a policy.
+
+Parsing (`grammar`), dispatch (`views.commands`), `%tfgpu?` (`views.magics`), Tab completion
+(`views.completion`), the status and the README's grammar block all read this table. A new edit
+that sets one policy field from a closed set of words is one entry here (plus the field); another
+edit also needs its parser and applier in `grammar`, an action its function in `actions`.
+`%load_ext` imports this module to build the magic's help: it holds data and small functions only,
+in plain classes (a dataclass costs about 0.7 ms at import, several times this whole module).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Literal
+
+from .words import ALL_GPUS, ALLOCATORS, LOGLEVELS
+
+if TYPE_CHECKING:
+    from .policy import Policy
+
+USAGE_WIDTH = 39
+"""Column where a usage line's help starts, in the README's grammar block and in `%tfgpu?`."""
+
+CELL_USAGE = "%%tfgpu"
+CELL_HELP = "cell form: one directive per line, checked as a whole (any order), all or nothing"
+
+LOGLEVEL_OFF = "off"
+"""The `loglevel` word for "TensorFlow's default" (`Policy.loglevel` None)."""
+
+NOTES = (
+    "SIZE: MiB (4096) or 512MB, 1.5GB, 2GiB, 3G (binary units, like TF and nvidia-smi), or NN%",
+    "of the card's memory (needs the NVML inventory).",
+    "GPUS: indices in nvidia-smi order (0,2 or 0-3), GPU UUIDs or unique UUID prefixes.",
+    "A word that starts with # begins a comment; $name and {expr} are not expanded.",
+    "A %%tfgpu cell is checked as a whole: its lines may come in any order.",
+    "Growth together with a limit or split is realised through TF_FORCE_GPU_ALLOW_GROWTH=true",
+    "(TensorFlow refuses set_memory_growth on a GPU with logical devices).",
+)
+"""The SIZE / GPUS notes and the rules every directive shares, for `%tfgpu?`."""
+
+
+class Form:
+    """One usage line, exactly as the README's grammar block shows it, and its help ('' for none)."""
+
+    __slots__ = ("usage", "help")
+
+    def __init__(self, usage: str, help: str = "") -> None:
+        self.usage, self.help = usage, help
+
+
+class Option:
+    """A `--name` option of one directive; `value` names its argument (None: a flag)."""
+
+    __slots__ = ("name", "value", "help")
+
+    def __init__(self, name: str, value: str | None, help: str) -> None:
+        self.name, self.value, self.help = name, value, help
+
+
+class Slot:
+    """What Tab offers for one argument: closed words, and this machine's GPU indices if `gpus`.
+    With `after`, only when the previous word is that one (`split off ` → GPUs or cpu)."""
+
+    __slots__ = ("words", "gpus", "after")
+
+    def __init__(self, words: tuple[str, ...] = (), gpus: bool = False, after: str | None = None) -> None:
+        self.words, self.gpus, self.after = words, gpus, after
+
+
+class Directive:
+    """One directive of the language.
+
+    name, kind: the first word, and whether it edits the policy or is an action.
+    forms: its usage lines with their help (`usage`, `help`).
+    synopsis: its arguments as an error's `usage:` shows them (default: the choices).
+    arity: fewest and most positional arguments.
+    choices: the closed set of its first argument, if it has one.
+    field, values: for an edit that sets one policy field to a word's value (`growth on` → True).
+    options: its `--options`.
+    slots: completion of each argument position (None: free text, e.g. a size; default: the choices).
+    examples: lines that parse (tests and fuzzing start from them).
+    describe: for an edit, the status phrases of its part of a policy ([] for TF's default).
+    """
+
+    __slots__ = ("name", "kind", "forms", "synopsis", "arity", "choices", "field", "values", "options", "slots",
+                 "examples", "describe")
+
+    def __init__(
+        self,
+        name: str,
+        kind: Literal["edit", "action"],
+        forms: tuple[Form, ...],
+        *,
+        synopsis: str = "",
+        arity: tuple[int, int] = (0, 0),
+        choices: tuple[str, ...] = (),
+        field: str | None = None,
+        values: tuple[tuple[str, Any], ...] = (),
+        options: tuple[Option, ...] = (),
+        slots: tuple[Slot | None, ...] = (),
+        examples: tuple[str, ...] = (),
+        describe: Callable[[Policy], list[str]] | None = None,
+    ) -> None:
+        self.name, self.kind, self.forms, self.arity = name, kind, forms, arity
+        self.field, self.values, self.options, self.examples = field, values, options, examples
+        self.choices = choices or tuple(word for word, _ in values)
+        self.synopsis = synopsis or " | ".join(self.choices)
+        self.slots = slots or ((Slot(self.choices),) if self.choices else ())
+        self.describe = describe if describe is not None or field is None else self._describe_field
+
+    def __repr__(self) -> str:
+        return f"<directive {self.name}>"
+
+    @property
+    def usage(self) -> tuple[str, ...]:
+        return tuple(form.usage for form in self.forms)
+
+    @property
+    def help(self) -> str:
+        return self.forms[0].help
+
+    @property
+    def in_cell(self) -> bool:
+        """Edits only: a cell is one policy change, checked as a whole; an action does something."""
+        return self.kind == "edit"
+
+    def value(self, word: str) -> Any:
+        """The field value of a word of `choices` (a field edit)."""
+        return dict(self.values)[word]
+
+    def _describe_field(self, policy: Policy) -> list[str]:
+        """`growth on`, `loglevel error`: the first word that gives the field's value ([] for None)."""
+        value = getattr(policy, self.field or "")
+        if value is None:
+            return []
+        return [f"{self.name} {next(word for word, meant in self.values if meant == value)}"]
+
+
+# ----- describe: a policy's part, as directive-like phrases -----------------------------------------
+def _describe_limit(policy: Policy) -> list[str]:
+    limits = policy.limit_map
+    default = limits.pop(ALL_GPUS, None)
+    own = [f"{mib} MiB on GPU {gpu}" for gpu, mib in limits.items()]
+    if default is not None:  # a split GPU is sized by its split, not by the limit on every GPU
+        other = "every other visible GPU" if own or policy.splits else "every visible GPU"
+        own.append(f"{default} MiB on {other}")
+    return ["limit " + ", ".join(own)] if own else []
+
+
+def _describe_visible(policy: Policy) -> list[str]:
+    return [] if policy.visible is None else [f"visible {','.join(policy.visible) or 'none'}"]
+
+
+def _describe_split(policy: Policy) -> list[str]:
+    parts = [f"split GPU {gpu} into {' + '.join(f'{mib} MiB' for mib in sizes)}" for gpu, sizes in policy.splits]
+    if policy.cpu_devices is not None:
+        parts.append(f"split cpu into {policy.cpu_devices} logical devices")
+    return parts
+
+
+def _describe_nothing(policy: Policy) -> list[str]:
+    return []
+
+
+def describe_policy(policy: Policy) -> list[str]:
+    """The whole policy as phrases (`visible 0`, `growth on`, ...), visible first as TF applies it,
+    then how a field was chosen (`(visible: auto picked ...)`)."""
+    parts = [phrase for directive in DESCRIBE_ORDER for phrase in directive.describe(policy)]  # type: ignore[misc]
+    return parts + [f"({field}: {why})" for field, why in policy.sources]
+
+
+# ----- the registry ---------------------------------------------------------------------------------
+LOGLEVEL_CHOICES = (*LOGLEVELS, LOGLEVEL_OFF)
+
+REGISTRY: tuple[Directive, ...] = (
+    Directive(
+        "status", "action",
+        (Form("%tfgpu", "status: TF state, desired policy, what TF has recorded"),),
+        examples=("status",),
+    ),
+    Directive(
+        "growth", "edit",
+        (Form("%tfgpu growth on | off | all", "memory growth on every visible GPU (all is the same as on)"),),
+        arity=(1, 1), field="growth", values=(("on", True), ("off", False), ("all", True)),
+        examples=("growth on", "growth off"),
+    ),
+    Directive(
+        "limit", "edit",
+        (
+            Form("%tfgpu limit SIZE [GPUS]", "hard memory cap on each listed GPU (default: every visible GPU)"),
+            Form("%tfgpu limit off [GPUS]"),
+        ),
+        synopsis="SIZE [GPUS] | off [GPUS]", arity=(1, 2), slots=(Slot(("off",)), Slot(gpus=True)),
+        examples=("limit 4096 0", "limit 1.5GB 0-3", "limit off 1", "limit 1GB GPU-8932f937", "limit 2GB"),
+        describe=_describe_limit,
+    ),
+    Directive(
+        "visible", "edit",
+        (
+            Form("%tfgpu visible GPUS | all | none", "which GPUs this kernel may use"),
+            Form("%tfgpu visible auto[:N]", "the N GPUs with the most free memory, pinned by UUID (needs NVML)"),
+        ),
+        synopsis="GPUS | all | none", arity=(1, 1), slots=(Slot(("all", "none", "auto"), gpus=True),),
+        examples=("visible 2,3", "visible none", "visible all"), describe=_describe_visible,
+    ),
+    Directive(
+        "split", "edit",
+        (
+            Form("%tfgpu split GPU COUNTxSIZE", "virtual GPUs on one physical GPU, e.g. `split 0 2x2GB`"),
+            Form("%tfgpu split GPU SIZE,SIZE,...", "e.g. `split 0 1GB,3GB`"),
+            Form("%tfgpu split cpu COUNT", "COUNT logical CPU devices (simulates several devices)"),
+            Form("%tfgpu split off [GPU | cpu]"),
+        ),
+        synopsis="GPU COUNTxSIZE | GPU SIZE,SIZE,... | cpu COUNT | off [GPU | cpu]", arity=(1, 2),
+        slots=(Slot(("cpu", "off"), gpus=True), Slot(("cpu",), gpus=True, after="off")),
+        examples=("split 0 2x2GB", "split 1 1GB,3GB", "split cpu 3", "split off cpu", "split off"),
+        describe=_describe_split,
+    ),
+    Directive(
+        "allocator", "edit",
+        (Form("%tfgpu allocator bfc | async", "TF_GPU_ALLOCATOR (async = cuda_malloc_async)"),),
+        arity=(1, 1), field="allocator", values=tuple((n, n) for n in ALLOCATORS),
+        examples=("allocator async", "allocator bfc"),
+    ),
+    Directive(
+        "loglevel", "edit",
+        (Form(
+            "%tfgpu loglevel " + " | ".join(LOGLEVEL_CHOICES),
+            "lowest severity of TensorFlow's C++ and Python logs still shown (off: TF's default)",
+        ),),
+        arity=(1, 1), field="loglevel",
+        values=(*((level, level) for level in LOGLEVELS), (LOGLEVEL_OFF, None)),
+        examples=("loglevel error", "loglevel off"),
+    ),
+    Directive(
+        "reset", "edit",
+        (Form("%tfgpu reset", "forget the whole policy (and the env vars this tool set)"),),
+        examples=("reset",), describe=_describe_nothing,
+    ),
+    Directive(
+        "apply", "action",
+        (Form("%tfgpu apply", "apply now if TF allows it (normally automatic)"),),
+        examples=("apply",),
+    ),
+    Directive(
+        "export", "action",
+        (Form("%tfgpu export [python | env | json]", "the equivalent standalone code, ready to paste"),),
+        arity=(0, 1), choices=("python", "env", "json"), examples=("export", "export json"),
+    ),
+    Directive(
+        "restart", "action",
+        (Form("%tfgpu restart [--yes]", "restart the kernel with the policy in force (below)"),),
+        options=(Option("--yes", None, "restart now, without asking"),), examples=("restart",),
+    ),
+    Directive(
+        "panel", "action",
+        (Form("%tfgpu panel", "the same policy as clickable widgets (below)"),),
+        examples=("panel",),
+    ),
+    Directive(
+        "doctor", "action",
+        (Form("%tfgpu doctor", "why TensorFlow does (not) see a GPU (below)"),),
+        examples=("doctor",),
+    ),
+    Directive(
+        "default", "action",
+        (Form("%tfgpu default save | clear | show", "the policy every kernel starts with"),),
+        arity=(1, 1), choices=("save", "clear", "show"), examples=("default show",),
+    ),
+    Directive(
+        "autoload", "action",
+        (Form("%tfgpu autoload on | off", "load the extension in every new kernel of the profile"),),
+        arity=(1, 1), choices=("on", "off"), examples=("autoload off",),
+    ),
+    Directive(
+        "kernelspec", "action",
+        (Form("%tfgpu kernelspec NAME [--display-name TEXT] [--remove]",
+              "a Jupyter kernel that starts with this policy"),),
+        synopsis="NAME [--display-name TEXT] [--remove]", arity=(1, 1), slots=(None,),
+        options=(
+            Option("--display-name", "TEXT", "the name shown in the launcher"),
+            Option("--remove", None, "uninstall it"),
+        ),
+        examples=("kernelspec tf-gpu0",),
+    ),
+)
+
+_BY_NAME = {directive.name: directive for directive in REGISTRY}
+
+EDITS = tuple(d.name for d in REGISTRY if d.kind == "edit")
+ACTIONS = tuple(d.name for d in REGISTRY if d.kind == "action")
+NAMES = EDITS + ACTIONS
+"""Every directive name, edits first (the order an unknown directive's message lists them in)."""
+CELL_NAMES = tuple(d.name for d in REGISTRY if d.in_cell)
+OPTIONS = {option.name: (d, option) for d in REGISTRY for option in d.options}
+"""`--name` → (the directive it belongs to, the option)."""
+
+DESCRIBE_ORDER = tuple(sorted((d for d in REGISTRY if d.describe is not None), key=lambda d: d.name != "visible"))
+"""The status lists which GPUs first (what every other setting applies to), then the registry's order."""
+
+
+def lookup(name: str) -> Directive | None:
+    """The directive called `name` (any case), None for an unknown word."""
+    return _BY_NAME.get(name.lower())
+
+
+def spec(name: str) -> Directive:
+    """The directive called exactly `name`, which the code names (`KeyError` is a bug, not input)."""
+    return _BY_NAME[name]
+
+
+# ----- help text --------------------------------------------------------------------------------------
+def usage_line(usage: str, help: str) -> str:
+    """`usage` with its help at `USAGE_WIDTH`; a usage too long for the column puts the help below."""
+    if not help:
+        return usage
+    if len(usage) < USAGE_WIDTH:
+        return f"{usage:<{USAGE_WIDTH}}{help}"
+    return f"{usage}\n{' ' * USAGE_WIDTH}{help}"
+
+
+def grammar_lines() -> list[str]:
+    """The README's grammar block: every usage line with its help, then the cell form."""
+    lines = [usage_line(form.usage, form.help) for directive in REGISTRY for form in directive.forms]
+    return "\n".join([*lines, usage_line(CELL_USAGE, CELL_HELP)]).split("\n")
+
+
+def option_lines() -> list[str]:
+    """One line per option: `--display-name TEXT    with kernelspec: the name shown in the launcher`."""
+    lines = []
+    for name, (directive, option) in OPTIONS.items():
+        shown = f"{name} {option.value}" if option.value else name
+        lines.append(f"{shown:<23}with {directive.name}: {option.help}")
+    return lines
+
+
+def help_text(summary: str) -> str:
+    """The magic's docstring (`%tfgpu?`): `summary`, every directive, the notes, the options."""
+    indent = "  "
+    return "\n".join([
+        summary,
+        "",
+        "Directives (one per line in a %%tfgpu cell, all or nothing)::",
+        "",
+        *(indent + line for line in grammar_lines()),
+        "",
+        *NOTES,
+        "",
+        "Options::",
+        "",
+        *(indent + line for line in option_lines()),
+    ])

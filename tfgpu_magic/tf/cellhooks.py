@@ -1,0 +1,29 @@
+"""What starts when TensorFlow is imported in an IPython shell: the watch for the initializing cell
+and the OOM explanation. Nothing of it exists before the import, so cells before it pay nothing.
+
+Called by the controller's import-hook callback, and by `Controller.apply` when it finds TensorFlow
+imported already (both idempotent); outside IPython it does nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from . import initcell, oom
+from .memory import WATCH_ATTRIBUTE
+from .memory import Controller as MemorySource
+
+
+def current_shell() -> Any:
+    """The running IPython shell, None outside IPython (never imports IPython)."""
+    ipython = sys.modules.get("IPython")
+    return ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+
+
+def on_tensorflow_import(controller: MemorySource, shell: Any = None) -> None:
+    shell = shell if shell is not None else current_shell()
+    if shell is None or not hasattr(shell, "events"):
+        return
+    initcell.watch_initialization(shell)
+    oom.install(shell, controller, peak_from_cell=lambda: getattr(shell, WATCH_ATTRIBUTE, None) is not None)

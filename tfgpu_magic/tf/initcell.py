@@ -1,0 +1,111 @@
+"""Which cell initialized TensorFlow's runtime (so the locked-settings message can name it).
+
+Nothing runs before TensorFlow is imported: the import hook's callback calls `watch_initialization`,
+which registers a `pre_run_cell`/`post_run_cell` pair. Each reads whether the runtime is initialized
+(`memory.initialized`: no TensorFlow call, a few attribute reads); the first that sees it initialized records where, and both unregister: no per-cell work once
+it is known. The record is process-wide, like the runtime.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .memory import initialized
+from .runtime import where
+
+LINE_CHARS = 40
+"""How much of the cell's first line the record keeps."""
+
+OUTSIDE = "outside a cell (a startup file, an extension, a silent request such as a variable inspector's, or another thread)"
+
+_record: str | None = None
+
+
+def initialized_by() -> str | None:
+    """Where the runtime was initialized, worded to follow "initialized ": `by In [7]: `model.fit(x, y,
+    ...``, or what is known when it happened outside a cell; None while unknown (not initialized yet,
+    or never watched)."""
+    return _record
+
+
+def label(state_label: str) -> str:
+    """`RuntimeState.label` with the record in it: "initialized by In [7]: `...`: device settings are
+    locked ..." (unchanged while unknown)."""
+    if _record is None or not state_label.startswith("initialized:"):
+        return state_label
+    return f"initialized {_record}:" + state_label.removeprefix("initialized:")
+
+
+def first_line(cell: str) -> str:
+    """The cell's first non-blank line, cut after a word to at most `LINE_CHARS` (`model.fit(x, y, ...`)."""
+    line = next((line.strip() for line in cell.splitlines() if line.strip()), "")
+    if len(line) <= LINE_CHARS:
+        return line
+    cut = line[:LINE_CHARS - 4]
+    cut = cut[:cut.rfind(" ")] if " " in cut else cut  # at a word's end
+    return cut.rstrip() + (" ..." if cut.endswith(",") else "...")
+
+
+def _record_once(text: str) -> None:
+    global _record
+    if _record is None:
+        _record = text
+
+
+class InitWatch:
+    """The hook pair on one shell; `initialized` reads the runtime (a fake's in tests)."""
+
+    def __init__(self, shell: Any, initialized: Callable[[], bool] = initialized) -> None:
+        self.shell = shell
+        self.initialized = initialized
+
+    def pre(self, info: Any = None) -> None:
+        if self.initialized():
+            inputs = getattr(getattr(self.shell, "history_manager", None), "input_hist_parsed", None)
+            count = len(inputs) if isinstance(inputs, list) else None  # this cell's input is stored later
+            _record_once(f"{OUTSIDE}, before In [{count}]" if count else OUTSIDE)
+            self.stop()
+
+    def post(self, result: Any = None) -> None:
+        if self.initialized():
+            count = getattr(result, "execution_count", None)
+            cell = getattr(getattr(result, "info", None), "raw_cell", None) or ""
+            _record_once(f"by In [{count}]: `{first_line(cell)}`" if count is not None else OUTSIDE)
+            self.stop()
+
+    def start(self) -> None:
+        self.shell.events.register("pre_run_cell", self.pre)
+        self.shell.events.register("post_run_cell", self.post)
+
+    def stop(self) -> None:
+        for event, callback in (("pre_run_cell", self.pre), ("post_run_cell", self.post)):
+            if callback in self.shell.events.callbacks[event]:
+                self.shell.events.unregister(event, callback)
+        if getattr(self.shell, _ATTRIBUTE, None) is self:
+            delattr(self.shell, _ATTRIBUTE)
+
+
+_ATTRIBUTE = "_tfgpu_init_watch"
+
+
+def watch_initialization(shell: Any, initialized: Callable[[], bool] = initialized) -> InitWatch | None:
+    """Start watching for the initializing cell on `shell` (idempotent); None when there is nothing to
+    watch: no shell (a script: the record stays unknown), already known, or already initialized (then
+    the record says so now, as far as it can)."""
+    if shell is None or _record is not None:
+        return None
+    if initialized():
+        _record_once(f"before tfgpu_magic could watch ({where()})")
+        return None
+    watch = getattr(shell, _ATTRIBUTE, None)
+    if watch is None:
+        watch = InitWatch(shell, initialized)
+        watch.start()
+        setattr(shell, _ATTRIBUTE, watch)
+    return watch
+
+
+def forget() -> None:
+    """Tests only: drop the record."""
+    global _record
+    _record = None

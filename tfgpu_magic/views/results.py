@@ -1,0 +1,203 @@
+"""Results that render once for every front end: plain text in terminal IPython, logs and `str()`,
+a compact HTML table in notebooks (state in colour, the locked badge), both from the same data.
+
+`show(value)` is how a view puts an action's answer on screen: text is printed, a `Result` is
+published as text/plain and text/html together (a terminal prints the text; `display(result)` gives
+the same through `_repr_pretty_` / `_repr_html_`). Nothing here reads the controller: results are
+built from snapshots.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..gpus.inventory import Inventory
+from .status import StatusSnapshot, status_text
+
+if TYPE_CHECKING:
+    from ..gpus.doctor import Check
+
+OK_COLOR = "var(--jp-success-color1, #388e3c)"
+WARN_COLOR = "var(--jp-warn-color1, #f57c00)"
+ERROR_COLOR = "var(--jp-error-color1, #d32f2f)"
+MUTED = "opacity:.75"
+LOCK_BADGE = (
+    f"border:1px solid {WARN_COLOR};color:{WARN_COLOR};"
+    "border-radius:3px;padding:0 4px;font-size:90%"
+)
+TABLE = "border-collapse:collapse;font-size:var(--jp-code-font-size, 13px);margin:2px 0"
+CELL = "text-align:left;vertical-align:top;padding:1px 8px 1px 0"
+VERDICT_COLORS = {"ok": OK_COLOR, "warn": WARN_COLOR, "FAIL": ERROR_COLOR}
+"""The doctor's verdicts (`gpus.doctor.OK` ...) in colour; `info` stays in the text colour."""
+
+
+class Result:
+    """An action's answer with a text and an HTML form; `str()` is the text. Subclasses define no
+    `__repr__`: IPython's pretty printer prefers a class's own `__repr__` to an inherited
+    `_repr_pretty_`."""
+
+    __slots__ = ()
+
+    def text(self) -> str:
+        raise NotImplementedError
+
+    def html(self) -> str:
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.text())
+
+    def _repr_html_(self) -> str:
+        return self.html()
+
+
+def show(value: str | Result | None) -> None:
+    """Print text (nothing when empty); send a `Result` to the front end as text/plain and
+    text/html together (a terminal prints the text). The bundle is published directly: IPython's
+    `display()` would build its formatters and try every one of them on the first call."""
+    if isinstance(value, RestartOffer):
+        value._ipython_display_()
+    elif isinstance(value, Result):
+        from IPython.core.interactiveshell import InteractiveShell
+
+        if not InteractiveShell.initialized():
+            print(value.text())
+            return
+        from IPython.display import publish_display_data
+
+        publish_display_data({"text/plain": value.text(), "text/html": value.html()})
+    elif value:
+        print(value)
+
+
+def badge(text: str) -> str:
+    """The small outlined label the status and the panel put next to locked settings."""
+    return f"<span style='{LOCK_BADGE}'>{html.escape(text)}</span>"
+
+
+def state_html(snap: StatusSnapshot) -> str:
+    """TensorFlow's state in colour (orange once GPU memory settings are fixed), with the badge."""
+    color = WARN_COLOR if snap.locked else OK_COLOR
+    text = f"<span style='color:{color}'>{html.escape(snap.state.label)}</span>"
+    return text + (" " + badge("locked") if snap.locked else "")
+
+
+def _rows(rows: list[tuple[str, str]]) -> str:
+    """A two-column table; values are HTML already."""
+    body = "".join(f"<tr><th style='{CELL}'>{html.escape(label)}</th><td style='{CELL}'>{value}</td></tr>"
+                   for label, value in rows)
+    return f"<table style='{TABLE}'>{body}</table>"
+
+
+def _list(items: tuple[str, ...] | list[str]) -> str:
+    return "<ul style='margin:0;padding-left:1.2em'>" + "".join(f"<li>{html.escape(i)}</li>" for i in items) + "</ul>"
+
+
+def gpus_html(inventory: Inventory) -> str:
+    """The GPU list as a table (nvidia-smi numbering), or why there is none."""
+    if not inventory.available:
+        reason = (inventory.error or "").split(" (")[0]
+        return html.escape(f"none found: {reason} — `%tfgpu doctor` says more")
+    if not inventory.gpus:
+        return "none: NVML sees no GPU"
+    head = "".join(f"<th style='{CELL}'>{title}</th>" for title in ("GPU", "name", "memory used", "busy", "UUID"))
+    lines = [f"<tr>{head}</tr>"]
+    for gpu in inventory.gpus:
+        used = "?" if gpu.memory_used_mib is None else f"{gpu.memory_used_mib:,}"
+        total = "?" if gpu.memory_total_mib is None else f"{gpu.memory_total_mib:,}"
+        procs = "".join(f"<br><span style='{MUTED}'>MIG {html.escape(str(mig.uuid))}: "
+                        f"{'?' if mig.memory_total_mib is None else mig.memory_total_mib} MiB</span>"
+                        for mig in gpu.mig_devices)
+        procs += "".join(f"<br><span style='{MUTED}'>pid {p.pid}: {'?' if p.used_mib is None else p.used_mib} MiB"
+                        f"{' (this kernel)' if p.is_self else ''}</span>" for p in gpu.processes)
+        busy = "" if gpu.utilization_pct is None else f"{gpu.utilization_pct}%"
+        cells = [html.escape(str(gpu.index)), html.escape(gpu.name or "GPU") + procs, f"{used} / {total} MiB", busy,
+                 f"<code>{html.escape(str(gpu.uuid))}</code>"]
+        lines.append("<tr>" + "".join(f"<td style='{CELL}'>{cell}</td>" for cell in cells) + "</tr>")
+    caption = f"<span style='{MUTED}'>NVML, driver {html.escape(str(inventory.driver_version))}</span>"
+    return caption + f"<table style='{TABLE}'>{''.join(lines)}</table>"
+
+
+class StatusResult(Result):
+    """`%tfgpu` status."""
+
+    __slots__ = ("snapshot",)
+
+    def __init__(self, snapshot: StatusSnapshot) -> None:
+        self.snapshot = snapshot
+
+    def text(self) -> str:
+        return status_text(self.snapshot)
+
+    def html(self) -> str:
+        snap = self.snapshot
+        env = ", ".join(f"<code>{html.escape(f'{name}={value}')}</code>" for name, value in snap.environment)
+        rows = [
+            ("TensorFlow", state_html(snap)),
+            ("Policy", html.escape("; ".join(snap.policy)) if snap.policy else "none (TensorFlow defaults)"),
+            ("Variables", env or "none set"),
+        ]
+        rows += [("", html.escape(line)) for line in snap.cuda_visible]
+        rows.append(("GPUs", gpus_html(snap.inventory)))
+        if snap.recorded is not None:
+            rows.append(("Recorded", _list(snap.recorded) if snap.recorded else "nothing yet (devices not listed)"))
+        for title, items in snap.pending:
+            rows.append((title, f"<span style='color:{WARN_COLOR}'>{_list(items)}</span>"))
+        rows += [("Note", html.escape(note)) for note in snap.notes]
+        return f"<div class='tfgpu-status'><b>tfgpu</b>{_rows(rows)}</div>"
+
+
+class DoctorResult(Result):
+    """`%tfgpu doctor`: the checks in order, each with its verdict and fix, and a closing sentence."""
+
+    __slots__ = ("checks",)
+
+    def __init__(self, checks: tuple[Check, ...]) -> None:
+        self.checks = checks
+
+    def text(self) -> str:
+        from ..gpus.doctor import report_text
+
+        return report_text(list(self.checks))
+
+    def html(self) -> str:
+        from ..gpus.doctor import FAIL, summary
+
+        lines = []
+        for check in self.checks:
+            color = VERDICT_COLORS.get(check.verdict, "inherit")
+            fix = f"<br><span style='{MUTED}'>fix: {html.escape(check.fix)}</span>" if check.fix else ""
+            lines.append(f"<tr><td style='{CELL};color:{color};font-weight:bold'>{html.escape(check.verdict)}</td>"
+                         f"<th style='{CELL}'>{html.escape(check.name)}</th>"
+                         f"<td style='{CELL}'>{html.escape(check.detail)}{fix}</td></tr>")
+        failed = any(check.verdict == FAIL for check in self.checks)
+        verdict = f"<p style='color:{ERROR_COLOR if failed else OK_COLOR};margin:4px 0'>"
+        return (f"<div class='tfgpu-doctor'><table style='{TABLE}'>{''.join(lines)}</table>"
+                f"{verdict}{html.escape(summary(list(self.checks)))}</p></div>")
+
+
+class RestartOffer(Result):
+    """`%tfgpu restart` where a restart is possible: what it costs, and a button that restarts once
+    (`display()` calls `_ipython_display_`, which shows both)."""
+
+    __slots__ = ("message", "restart")
+
+    def __init__(self, message: str, restart: Callable[[], str]) -> None:
+        self.message = message
+        self.restart = restart
+
+    def text(self) -> str:
+        return self.message
+
+    def html(self) -> str:
+        return f"<pre>{html.escape(self.message)}</pre>"
+
+    def _ipython_display_(self) -> None:
+        from .confirm import show_restart_button
+
+        print(self.message)
+        show_restart_button(self.restart)
