@@ -366,6 +366,95 @@ def restart_vs_plain_restart(bench: Bench) -> Row:
                      result["samples"]["plain_s"], TARGET)
 
 
+# ----- memory figures (issue 13): paste above FIGURES in benchmarks/run.py, then append the three
+# ----- functions to FIGURES.  Needs the hook-ups: `%tfgpu memory`, `%tfgpu watch on|off`, and the
+# ----- import hook's callback calling tfgpu_magic.tf.cellhooks.on_tensorflow_import.
+MEMORY = """
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+with quiet():
+    shell.run_line_magic("load_ext", "tfgpu_magic")
+    shell.run_line_magic("tfgpu", "growth on")
+    t = clock()
+    shell.run_line_magic("tfgpu", "memory")
+    seconds = clock() - t
+emit(seconds=seconds, heavy=[m for m in HEAVY if m in sys.modules])
+"""
+"""First `%tfgpu memory` in a fresh shell (TensorFlow not imported: it must stay so)."""
+
+HOOKS_LEFT = """
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+def ours():
+    return [c for event in ("pre_run_cell", "post_run_cell") for c in shell.events.callbacks[event]
+            if "tfgpu_magic" in getattr(c, "__module__", "")]
+with quiet():
+    shell.run_line_magic("load_ext", "tfgpu_magic")
+    before_import = len(ours())
+    shell.run_line_magic("tfgpu", "watch on")
+    shell.run_line_magic("tfgpu", "watch off")
+    after_watch_off = len(ours())
+    shell.run_cell("import tensorflow as tf")
+    shell.run_cell("tf.constant(1)")
+    from tfgpu_magic.tf import initcell
+    known = initcell.initialized_by()
+    left = [getattr(c, "__qualname__", type(c).__qualname__) for c in ours()]
+emit(before_import=before_import, after_watch_off=after_watch_off, known=known, left=left)
+"""
+"""Hooks of ours on the cell events: none before `import tensorflow`, none after `watch off`, and
+once the initializing cell is known only the OOM hook (`OomHook`, ~1 µs a cell)."""
+
+
+def watch_cell_overhead(bench: Bench) -> Row:
+    """`run_cell("pass")` with `%tfgpu watch on` / with it off, extension loaded, no GPU, TF not imported."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    pairs = bench.repeat * EMPTY_CELL_PAIRS_FACTOR
+    progress(f"empty cell with / without watch on: {pairs} pairs of {bench.cells} cells")
+    shell = InteractiveShell.instance()
+    with contextlib.redirect_stdout(io.StringIO()):
+        shell.run_line_magic("load_ext", "tfgpu_magic")
+
+    def sample(which: str) -> float:
+        with contextlib.redirect_stdout(io.StringIO()):
+            shell.run_line_magic("tfgpu", "watch on" if which == "measured" else "watch off")
+        gc.collect()
+        start = time.perf_counter()
+        for _ in range(bench.cells):
+            shell.run_cell("pass", store_history=False)
+        return (time.perf_counter() - start) / bench.cells
+
+    baseline, measured = paired(sample, pairs)
+    with contextlib.redirect_stdout(io.StringIO()):
+        shell.run_line_magic("tfgpu", "watch off")
+    return ratio_row("empty cell, watch on / off", measured, baseline, 1.02)
+
+
+@functools.cache
+def _memory_samples(bench: Bench) -> tuple[list[dict], list[dict]]:
+    progress(f"shell start vs first %tfgpu memory: {bench.repeat} pairs of fresh interpreters")
+    return paired(lambda which: fresh(bench, SHELL_START if which == "baseline" else MEMORY), bench.repeat)
+
+
+def memory_vs_shell_start(bench: Bench) -> Row:
+    """First `%tfgpu memory` (TensorFlow not imported) / the shell's own start."""
+    shells, runs = _memory_samples(bench)
+    heavy = sorted({m for r in runs for m in r["heavy"]})
+    return ratio_row("%tfgpu memory / shell start", [r["seconds"] for r in runs], [s["seconds"] for s in shells],
+                     0.10, note="imports " + ", ".join(heavy) if heavy else "")
+
+
+def hooks_left(bench: Bench) -> Row:
+    """Count of our cell hooks that should not be there: before import, after `watch off`, and
+    besides the OOM hook once the initializing cell is known (target 0)."""
+    progress("hooks left after watch off / once the initializing cell is known (TensorFlow import)")
+    r = fresh(bench, HOOKS_LEFT)
+    extra = [name for name in r["left"] if name != "OomHook"]
+    value = float(r["before_import"] + r["after_watch_off"] + len(extra) + (r["known"] is None))
+    return Row("cell hooks left over", value, None, value, 0, unit="",
+               note=f"initialized {r['known']}; left: {', '.join(r['left']) or 'none'}")
+
+
 FIGURES: list[Callable[[Bench], Row]] = [
     load_ext_vs_shell_start,
     heavy_imports_after_load,
@@ -375,6 +464,9 @@ FIGURES: list[Callable[[Bench], Row]] = [
     status_vs_shell_start,
     panel_vs_shell_start,
     restart_vs_plain_restart,
+    watch_cell_overhead,
+    memory_vs_shell_start,
+    hooks_left,
 ]
 
 

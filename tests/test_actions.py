@@ -234,3 +234,28 @@ def test_the_panel_gets_the_same_restart_from_magic_and_python(monkeypatch: pyte
         finally:
             panel.close()
     assert ctl.listeners == []
+
+
+def test_who_action_lists_holders_and_guards_shutdown():
+    """`%tfgpu who` renders the holders table from the controller's inventory (the fake's four cards);
+    `--yes` alone is refused, and a shutdown of an unknown kernel says so without a request."""
+    text = actions.who(make_controller())
+    assert "GPU 0" in text and "GPU 3" in text
+    with pytest.raises(PolicyError, match="--yes confirms"):
+        actions.who(make_controller(), yes=True)
+    assert "GPU memory needs NVML" in actions.who(make_controller(gpus=False))
+
+
+def test_kernelspec_of_an_auto_pick_asks_the_provisioner_to_pick_again():
+    """A policy whose `visible` came from `visible auto:2` is not frozen into the kernelspec: the spec
+    names the tfgpu provisioner with `auto:2`, and its fixed policy and environment leave `visible` out."""
+    from tfgpu_magic.jupyter.kernelspec import kernel_json
+
+    controller = make_controller()
+    policy = controller.edit_policy(["visible auto:2", "growth on"])
+    spec = kernel_json(policy)
+    provisioner = spec["metadata"]["kernel_provisioner"]
+    assert provisioner["provisioner_name"] == "tfgpu-provisioner"
+    assert provisioner["config"]["visible"] == "auto:2"
+    assert provisioner["config"]["policy"]["visible"] is None and provisioner["config"]["policy"]["growth"] is True
+    assert "CUDA_VISIBLE_DEVICES" not in spec["env"] and "visible auto:2" in spec["display_name"]

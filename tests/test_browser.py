@@ -115,7 +115,11 @@ def test_locked_panel_restart_button_applies_in_a_fresh_kernel(lab: JupyterServe
     old_pid = kernel.pid()
     panel = panel_output(page)
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")  # refresh the header
-    page.get_by_text("initialized: device settings are locked").last.wait_for()
+    locked = page.get_by_text("device settings are locked").last
+    locked.wait_for()
+    # The header says where TensorFlow was initialized: here by the test's own silent request, so
+    # "outside a cell ..., before In [N]".
+    assert "initialized outside a cell" in locked.inner_text() and "before In [" in locked.inner_text()
     set_cpu_devices(page, 3)
     panel = panel_output(page)
     panel.get_by_text("Pending, needs a restart").wait_for()

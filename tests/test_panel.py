@@ -246,3 +246,14 @@ def test_where_nothing_restarts_the_button_keeps_the_policy_without_asking():
     panel.restart_button.click()
     assert calls == [1] and panel.confirm_button.layout.display == "none"
     assert panel.message == "Not restarted: stored"
+
+
+def test_who_section_reads_only_when_opened():
+    """"Who holds the GPUs" is closed at first and reads nothing; opening it shows the `who` text
+    (escaped), and it is hidden where no `who` is given."""
+    calls = []
+    panel = Panel(Controller(api=FakeTF(2), environ={}), who=lambda: calls.append(1) or "GPU 0 <you>")
+    assert calls == [] and panel.who_section.selected_index is None
+    panel.who_section.selected_index = 0
+    assert calls == [1] and "GPU 0 &lt;you&gt;" in panel.who_text.value
+    assert Panel(Controller(api=FakeTF(2), environ={})).who_section.layout.display == "none"

@@ -123,17 +123,28 @@ def test_a_cell_takes_edits_only(directive: directives.Directive) -> None:
 
 # ----- options ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("option", sorted(OPTIONS))
-def test_an_option_goes_only_with_its_directive(option: str) -> None:
-    owner, declared = OPTIONS[option]
+def test_an_option_goes_only_with_its_directives(option: str) -> None:
+    """`--yes` belongs to restart and who; with any other directive it is a one-line error naming them."""
+    owners, declared = OPTIONS[option]
     word = f"{option}=x" if declared.value else option
+    expected = " or ".join(f"`{owner.name}`" for owner in owners)
     for directive in REGISTRY:
         words, options = split_options(f"{directive.examples[0]} {word}")
         parsed = grammar.parse_words(words)
-        if directive is owner:
+        if directive in owners:
             check_options(options, parsed)
         else:
-            with pytest.raises(PolicyError, match=f"^{option} only goes with `{owner.name}`$"):
+            with pytest.raises(PolicyError, match=f"^{option} only goes with {expected}$"):
                 check_options(options, parsed)
+
+
+def test_a_shared_option_is_declared_alike_by_every_owner() -> None:
+    """An option several directives share takes a value in all of them or in none (the parser reads
+    it before it knows the directive)."""
+    for owners, declared in OPTIONS.values():
+        for owner in owners:
+            same = [o for o in owner.options if o.name == declared.name]
+            assert [o.value is None for o in same] == [declared.value is None]
 
 
 # ----- completion ---------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from .language.policy import Policy
 
 __version__ = "0.1.0"
-__all__ = ["Policy", "PolicyError", "configure", "current_policy", "panel", "session_config"]
+__all__ = ["Policy", "PolicyError", "configure", "current_policy", "memory", "panel", "session_config", "who"]
 
 
 _LAZY = ("Policy", "configure")
@@ -48,6 +48,22 @@ def get_controller() -> Any:
 def current_policy() -> Policy:
     """The desired policy: an immutable value with `to_dict()` and `Policy.from_dict()`."""
     return get_controller().policy
+
+
+def memory() -> list[dict]:
+    """One plain dict per visible GPU: TensorFlow's tensors now and peak (once initialized), this
+    process's memory on the card, the card's total and free, other processes, the cap and its source."""
+    from .tf.memory import memory as figures
+
+    return figures(get_controller())
+
+
+def who(inventory: Any = None) -> list[dict[str, Any]]:
+    """Which process holds which GPU, and which notebook it is: one plain dict per process that is a
+    Jupyter kernel of this user or holds GPU memory (see the README's "Who holds the GPUs")."""
+    from .holders import who as rows
+
+    return rows(inventory)
 
 
 def session_config() -> Any:

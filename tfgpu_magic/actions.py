@@ -89,6 +89,20 @@ def doctor(controller: Controller, shell: Any = None, arg: str | None = None) ->
     return DoctorResult(tuple(run_checks(machine)))
 
 
+def memory(controller: Controller, shell: Any = None, arg: str | None = None) -> str:
+    """`%tfgpu memory`: one row per visible GPU (never imports or initializes TensorFlow)."""
+    from .tf.memory import memory_text
+
+    return memory_text(controller)
+
+
+def watch(controller: Controller, shell: Any, arg: str | None = None) -> str:
+    """`%tfgpu watch on | off`: a line per GPU after each cell; off leaves no hook."""
+    from .views.watch import watch as switch
+
+    return switch(controller, shell, arg)
+
+
 def panel(controller: Controller, shell: Any, arg: str | None = None) -> str:
     """`%tfgpu panel`: show the widget panel (its restart button uses `restart_now`); '' once shown."""
     if getattr(shell, "kernel", None) is None:
@@ -101,7 +115,8 @@ def open_panel(controller: Controller, shell: Any) -> Any:
     """Build and display a panel over `controller` for `shell`'s kernel; returns the `Panel`."""
     from .views.panel import show_panel
 
-    return show_panel(controller, shell, functools.partial(restart_now, controller, shell), restarts(shell))
+    return show_panel(controller, shell, functools.partial(restart_now, controller, shell), restarts(shell),
+                      functools.partial(who, controller))
 
 
 def _setup_errors(action: Action) -> Action:
@@ -158,6 +173,18 @@ def kernelspec(controller: Controller, shell: Any, arg: str | None = None, *,
     return f"Installed kernelspec {name!r} in {where}; pick it in the launcher for a kernel with this policy."
 
 
+def who(controller: Controller, shell: Any = None, arg: str | None = None, *,
+        shutdown: str | None = None, yes: bool = False) -> str:
+    """`%tfgpu who [--shutdown KERNEL_ID --yes]`: who holds which GPU; shuts a kernel down only with --yes."""
+    from . import holders
+
+    if shutdown is not None:
+        return holders.shutdown(shutdown, yes=yes)
+    if yes:
+        raise PolicyError("--yes confirms `--shutdown KERNEL_ID`; alone it does nothing")
+    return holders.report(controller.inventory())
+
+
 ACTIONS: dict[str, Action] = {
     "status": status,
     "apply": apply,
@@ -165,9 +192,12 @@ ACTIONS: dict[str, Action] = {
     "restart": restart,
     "doctor": doctor,
     "panel": panel,
+    "memory": memory,
+    "watch": watch,
     "default": default,
     "autoload": autoload,
     "kernelspec": kernelspec,
+    "who": who,
 }
 """Every action by directive name; the registry's action directives and these keys are the same set."""
 

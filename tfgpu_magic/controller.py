@@ -226,6 +226,9 @@ class Controller:
         env_applied = self._sync_env(plan, state)
         if state.imported:
             importhook.disarm()
+            from .tf.cellhooks import on_tensorflow_import
+
+            on_tensorflow_import(self)  # TensorFlow was imported before the extension: once, idempotent
             install_routes(self.api, self._route_config)
             plan = self.plan(state, probe=True)
             env_applied += self._sync_env(plan, state)

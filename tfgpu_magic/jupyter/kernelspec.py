@@ -35,16 +35,24 @@ SPEC_BYTES = 1 << 20
 
 
 def kernel_json(policy: Policy, display_name: str | None = None) -> dict:
-    """The kernel.json of a kernel that starts with `policy` in force."""
-    env = {name: value for name, value in build_plan(policy).env if value is not None}
-    env[POLICY_ENV] = json.dumps(policy.to_dict(), separators=(",", ":"))
-    summary = ", ".join(describe_policy(policy)) or "TensorFlow defaults"
+    """The kernel.json of a kernel that starts with `policy` in force. A `visible auto[:N]` pick is
+    not frozen into the spec: the provisioner picks the freest GPUs again at every launch."""
+    from ..language.grammar import AUTO_PICKED
+    from .provisioner import provisioner_metadata
+
+    picked = bool(policy.visible) and dict(policy.sources).get("visible", "").startswith(AUTO_PICKED)
+    auto = f"auto:{len(policy.visible or ())}" if picked else None
+    fixed = policy.edited(visible=None, sources=()) if auto else policy
+    env = {name: value for name, value in build_plan(fixed).env if value is not None}
+    env[POLICY_ENV] = json.dumps(fixed.to_dict(), separators=(",", ":"))
+    summary = ", ".join(describe_policy(fixed) + ([f"visible {auto}"] if auto else [])) or "TensorFlow defaults"
+    ours: dict = {"policy": fixed.to_dict(), **({"visible": auto} if auto else {})}
     return {
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--ext=tfgpu_magic"],
         "display_name": display_name or f"TensorFlow · {summary}",
         "language": "python",
         "env": env,
-        "metadata": {MARKER: {"policy": policy.to_dict()}},
+        "metadata": {MARKER: ours, "kernel_provisioner": provisioner_metadata(fixed, auto)},
     }
 
 

@@ -31,11 +31,10 @@ from ..language.policy import Policy
 from ..tf.envvars import CUDA_VISIBLE_DEVICES
 from ..tf.plan import build_plan
 from . import persist
+from .startup import LAUNCH_WARNING_ENV as WARNING_ENV
 from .startup import POLICY_ENV
 
 NAME = "tfgpu-provisioner"
-WARNING_ENV = "TFGPU_MAGIC_LAUNCH_WARNING"
-"""A warning from the launch, for the extension to show in the kernel's first cell."""
 PLACED_ENV = "TFGPU_MAGIC_PLACED"
 """Which GPUs `visible auto` gave the kernel, and why (for the status and `who`)."""
 INHERITS = "the kernel starts with the GPUs it inherits"

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 POLICY_ENV = "TFGPU_MAGIC_POLICY"
 """Environment variable through which a tfgpu kernelspec hands its policy to the kernel."""
+LAUNCH_WARNING_ENV = "TFGPU_MAGIC_LAUNCH_WARNING"
+"""One line the tfgpu provisioner leaves for the kernel's first cell (e.g. `visible auto` without NVML)."""
 SERVER_PREFIX, SERVER_SUFFIX = "kernel-", ".json"
 """How a Jupyter server names a kernel's connection file: `kernel-<id>.json`."""
 
@@ -115,7 +117,9 @@ def startup_policy(
     default_file = persist.default_path(profile_dir)
     key = current_kernel_key(shell)
     pending_file = persist.pending_path(key) if key else None
-    if not (configured or _present(default_file) or os.environ.get(POLICY_ENV) or (pending_file and _present(pending_file))):
+    launch = os.environ.get(LAUNCH_WARNING_ENV, "").strip()
+    if not (configured or _present(default_file) or os.environ.get(POLICY_ENV) or launch
+            or (pending_file and _present(pending_file))):
         return None, []
 
     from ..language.policy import Policy
@@ -139,6 +143,8 @@ def startup_policy(
     attempt("policy of this kernelspec", lambda: policy_from_env(os.environ))
     if key is not None:
         attempt("pending policy", lambda: persist.take_pending(key))
+    if launch:
+        warnings.append(launch.splitlines()[0][:300])
     return policy, warnings
 
 

@@ -263,6 +263,26 @@ REGISTRY: tuple[Directive, ...] = (
         examples=("doctor",),
     ),
     Directive(
+        "memory", "action",
+        (Form("%tfgpu memory", "per GPU: TF's tensors now/peak, this process, others, the cap (below)"),),
+        examples=("memory",),
+    ),
+    Directive(
+        "who", "action",
+        (Form("%tfgpu who [--shutdown KERNEL_ID --yes]", "which notebook holds which GPU, and how idle it is (below)"),),
+        synopsis="[--shutdown KERNEL_ID --yes]",
+        options=(
+            Option("--shutdown", "KERNEL_ID", "shut down one of your own kernels (needs --yes)"),
+            Option("--yes", None, "confirm the shutdown"),
+        ),
+        examples=("who",),
+    ),
+    Directive(
+        "watch", "action",
+        (Form("%tfgpu watch on | off", "after each cell, a line per GPU whose memory moved (below)"),),
+        arity=(1, 1), choices=("on", "off"), examples=("watch on", "watch off"),
+    ),
+    Directive(
         "default", "action",
         (Form("%tfgpu default save | clear | show", "the policy every kernel starts with"),),
         arity=(1, 1), choices=("save", "clear", "show"), examples=("default show",),
@@ -292,8 +312,18 @@ ACTIONS = tuple(d.name for d in REGISTRY if d.kind == "action")
 NAMES = EDITS + ACTIONS
 """Every directive name, edits first (the order an unknown directive's message lists them in)."""
 CELL_NAMES = tuple(d.name for d in REGISTRY if d.in_cell)
-OPTIONS = {option.name: (d, option) for d in REGISTRY for option in d.options}
-"""`--name` → (the directive it belongs to, the option)."""
+def _options() -> dict[str, tuple[tuple[Directive, ...], Option]]:
+    table: dict[str, tuple[tuple[Directive, ...], Option]] = {}
+    for directive in REGISTRY:
+        for option in directive.options:
+            owners, first = table.get(option.name, ((), option))
+            table[option.name] = ((*owners, directive), first)
+    return table
+
+
+OPTIONS = _options()
+"""`--name` → (the directives it belongs to, the option as the first of them declares it; an option
+shared by several takes a value in all of them or in none)."""
 
 DESCRIBE_ORDER = tuple(sorted((d for d in REGISTRY if d.describe is not None), key=lambda d: d.name != "visible"))
 """The status lists which GPUs first (what every other setting applies to), then the registry's order."""
@@ -328,9 +358,10 @@ def grammar_lines() -> list[str]:
 def option_lines() -> list[str]:
     """One line per option: `--display-name TEXT    with kernelspec: the name shown in the launcher`."""
     lines = []
-    for name, (directive, option) in OPTIONS.items():
-        shown = f"{name} {option.value}" if option.value else name
-        lines.append(f"{shown:<23}with {directive.name}: {option.help}")
+    for directive in REGISTRY:
+        for option in directive.options:
+            shown = f"{option.name} {option.value}" if option.value else option.name
+            lines.append(f"{shown:<23}with {directive.name}: {option.help}")
     return lines
 
 

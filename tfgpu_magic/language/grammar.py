@@ -26,6 +26,9 @@ from .policy import (
     whole_number,
 )
 
+AUTO_PICKED = "auto picked "
+"""How `visible auto` notes its pick in `Policy.sources` (a kernelspec turns it back into `auto:N`)."""
+
 MAX_LINE = 32 * 1024
 """Longest directive line read: 256 MIG UUIDs fit; a longer line is a mistake, refused before any work."""
 
@@ -321,7 +324,7 @@ def _auto_pick(word: str, catalog: GpuCatalog | None) -> tuple[tuple[str, ...], 
     if len(ranked) < count:
         raise PolicyError(f"visible auto:{count}: this machine has only {len(ranked)} GPU(s)")
     picked = ranked[:count]
-    why = "auto picked " + ", ".join(f"GPU {g.index} ({_free_and_busy(g)})" for g in picked)
+    why = AUTO_PICKED + ", ".join(f"GPU {g.index} ({_free_and_busy(g)})" for g in picked)
     return tuple(g.uuid for g in picked), why
 
 

@@ -67,8 +67,8 @@ def split_options(line: str) -> tuple[list[str], dict[str, Any]]:
 def check_options(options: dict[str, Any], directive: Action | Edit) -> None:
     """Each option belongs to the one directive the registry declares it on (`--yes`: restart)."""
     for option in options:
-        owner = directives.OPTIONS[option][0].name
-        if directive.name != owner:
-            raise PolicyError(f"{option} only goes with `{owner}`")
+        owners = [owner.name for owner in directives.OPTIONS[option][0]]
+        if directive.name not in owners:
+            raise PolicyError(f"{option} only goes with {' or '.join(f'`{owner}`' for owner in owners)}")
     if "--remove" in options and "--display-name" in options:
         raise PolicyError("--display-name names a kernelspec to install; it makes no sense with --remove")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_expand
-from traitlets import List, Unicode
+from traitlets import Bool, List, Unicode, observe
 
 from ..errors import PolicyError
 from ..language.directives import help_text
@@ -27,6 +27,18 @@ class TFGPUMagics(Magics):
         Unicode(),
         help="Directives applied when the extension loads, e.g. ['growth on', 'visible 0'].",
     ).tag(config=True)
+
+    release_oom_frames = Bool(
+        True,
+        help="After a cell raised TensorFlow's ResourceExhaustedError, clear the failed cell's frames so the "
+        "tensors only they held are freed (`%debug` on that error then sees cleared frames).",
+    ).tag(config=True)
+
+    @observe("release_oom_frames")
+    def _release_oom_frames_changed(self, change: dict) -> None:
+        from ..tf import oom
+
+        oom.settings.release = change["new"]
 
     def __init__(self, shell: Any, controller: Controller | None = None) -> None:
         super().__init__(shell=shell)
@@ -69,6 +81,10 @@ def load(shell: Any) -> TFGPUMagics:
     from .completion import register_completer
 
     magics = TFGPUMagics(shell)
+    if not magics.release_oom_frames:  # the default needs no import here (`%load_ext` stays cheap)
+        from ..tf import oom
+
+        oom.settings.release = False
     shell.register_magics(magics)
     register_completer(shell, lambda: magics.controller)
     policy, warnings = startup_policy(lambda: magics.controller, magics.default_policy, magics.profile_dir, shell)
@@ -80,4 +96,20 @@ def load(shell: Any) -> TFGPUMagics:
             from .status import describe_report, restart_hint
 
             say(shell, describe_report(report, restart_hint(shell)))
+    else:
+        watch_tensorflow_import(magics)
     return magics
+
+
+def watch_tensorflow_import(magics: TFGPUMagics) -> None:
+    """Without a policy nothing armed the import hook: arm it, so that `import tensorflow` starts the
+    cell hooks (`tf.cellhooks`: the initializing cell, OOM explanations). If TensorFlow is imported
+    already, start them now."""
+    import sys
+
+    from ..tf import importhook
+
+    if "tensorflow" in sys.modules:
+        magics.controller.apply()
+    elif not importhook.is_armed():
+        importhook.arm(lambda: magics.controller.apply())

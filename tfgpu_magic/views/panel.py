@@ -21,6 +21,7 @@ from ..errors import PolicyError
 from ..jupyter.restart import TO_DO_FRONTEND
 from ..language.grammar import default_edit
 from ..language.policy import LOGLEVELS
+from ..tf import initcell
 from .results import OK_COLOR, WARN_COLOR, badge
 from .status import describe_report
 
@@ -68,9 +69,11 @@ class Panel:
     """One displayed panel. `widget` is the ipywidgets tree; `close()` detaches it."""
 
     def __init__(self, controller: Controller | None = None, shell: Any = None,
-                 restart: Callable[[], str] | None = None, restarts: bool = True) -> None:
+                 restart: Callable[[], str] | None = None, restarts: bool = True,
+                 who: Callable[[], str] | None = None) -> None:
         """`restart` stores the policy and restarts the kernel; `restarts` says whether anything will
-        bring the kernel back here (else the button only keeps the policy for a front-end restart)."""
+        bring the kernel back here (else the button only keeps the policy for a front-end restart);
+        `who` gives the "Who holds the GPUs" text, read only while that section is open."""
         import ipywidgets as w
 
         self.w = w
@@ -115,10 +118,15 @@ class Panel:
         self.reset_button = w.Button(description="Reset", icon="undo", layout=w.Layout(width="auto"))
         self.live = w.Checkbox(description="live memory", indent=False, value=False)
         self.output = w.Output()
+        self.who = who
+        self.who_text = w.HTML()
+        self.who_section = w.Accordion(children=[self.who_text], selected_index=None)
+        self.who_section.set_title(0, "Who holds the GPUs")
+        self.who_section.layout.display = "" if who is not None else "none"
         self.widget = w.VBox([self.header, self._gpu_box(), w.HBox([self.growth, self.allocator, self.loglevel, self.cpus]),
                               w.HBox([self.apply_button, self.restart_button, self.confirm_button,
                                       self.cancel_button, self.export_button, self.reset_button, self.live]),
-                              self.error, self.output],
+                              self.who_section, self.error, self.output],
                              layout=w.Layout(border="1px solid var(--jp-border-color2, #ccc)", padding="6px"))
         self._wire()
         self.sync()
@@ -137,6 +145,7 @@ class Panel:
         return w.VBox(lines)
 
     def _wire(self) -> None:
+        self.who_section.observe(lambda c: self.refresh_who(), "selected_index")
         self.growth.observe(lambda c: self._edit(f"growth {c['new']}" if c["new"] != "default"
                                                  else None, "growth"), "value")
         self.allocator.observe(lambda c: self._edit(f"allocator {c['new']}" if c["new"] != "default"
@@ -227,7 +236,7 @@ class Panel:
     def _header_html(self, state: Any) -> str:
         fixed = state.gpu_memory_fixed
         color = WARN_COLOR if fixed else OK_COLOR
-        lines = [f"<b>tfgpu</b> · TensorFlow: <span style='color:{color}'>{html.escape(state.label)}</span>"]
+        lines = [f"<b>tfgpu</b> · TensorFlow: <span style='color:{color}'>{html.escape(initcell.label(state.label))}</span>"]
         if fixed:
             reason = LOCKED_REASON if state.initialized else "GPU memory settings wait for Restart kernel and apply"
             lines.append(f"{badge('locked')} {reason}")
@@ -236,12 +245,22 @@ class Panel:
             lines.append(f"{html.escape(title)}:<ul style='margin:2px 0'>{entries}</ul>")
         return "<br>".join(lines)
 
+    def refresh_who(self) -> None:
+        """Re-read who holds the GPUs into the open section (nothing is read while it is closed)."""
+        if self.who is not None and self.who_section.selected_index == 0:
+            self.who_text.value = f"<pre style='margin:0'>{html.escape(self.who())}</pre>"
+
     def refresh_memory(self) -> None:
-        """Re-read GPU memory (NVML) into the bars."""
+        """Re-read GPU memory (NVML) into the bars; with live memory ticked, TensorFlow's figures and
+        the cap too (`%tfgpu memory`'s, never initializing TensorFlow)."""
+        from ..tf.memory import memory, summary
+
         rows, _ = self.controller.gpus()
+        figures = {row["gpu"]: summary(row) for row in memory(self.controller)} if self.live.value else {}
         for row in rows:
             if row.ref in self.bars:
-                self.bars[row.ref].value = memory_bar(row)
+                extra = f" <span style='opacity:.8'>{html.escape(figures[row.ref])}</span>" if row.ref in figures else ""
+                self.bars[row.ref].value = memory_bar(row) + extra
 
     def set_live(self, on: bool) -> None:
         """Start or stop the live memory refresh; nothing runs while it is off."""
@@ -281,12 +300,13 @@ def refresh_open_panels(*_: Any) -> None:
         panel.sync()
 
 
-def show_panel(controller: Controller, shell: Any, restart: Callable[[], str] | None, restarts: bool) -> Panel:
+def show_panel(controller: Controller, shell: Any, restart: Callable[[], str] | None, restarts: bool,
+               who: Callable[[], str] | None = None) -> Panel:
     """Build and display a panel whose restart button calls `restart` (`actions.open_panel` gives the
     one that restarts `shell`'s kernel); keeps open panels in sync with TF's state after each cell."""
     from IPython.display import display
 
-    panel = Panel(controller, shell, restart, restarts)
+    panel = Panel(controller, shell, restart, restarts, who)
     _open_panels.append(panel)
     if shell is not None and len(_open_panels) == 1:
         shell.events.register("post_run_cell", refresh_open_panels)

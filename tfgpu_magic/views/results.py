@@ -13,6 +13,7 @@ import html
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..gpus.inventory import Inventory
+from ..tf import initcell
 from .status import StatusSnapshot, status_text
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def badge(text: str) -> str:
 def state_html(snap: StatusSnapshot) -> str:
     """TensorFlow's state in colour (orange once GPU memory settings are fixed), with the badge."""
     color = WARN_COLOR if snap.locked else OK_COLOR
-    text = f"<span style='color:{color}'>{html.escape(snap.state.label)}</span>"
+    text = f"<span style='color:{color}'>{html.escape(initcell.label(snap.state.label))}</span>"
     return text + (" " + badge("locked") if snap.locked else "")
 
 

@@ -14,6 +14,7 @@ from ..language.directives import describe_policy
 from ..language.policy import Policy, quote
 from ..tf.envvars import CUDA_VISIBLE_DEVICES, NAMES
 from ..tf.plan import Plan
+from ..tf import initcell
 from ..tf.runtime import ApplyReport, RuntimeState
 
 RESTART_HINT = "Run `%tfgpu restart` to restart the kernel with the policy in force."
@@ -47,7 +48,8 @@ def describe_report(report: ApplyReport, restart_hint: str = RESTART_HINT, actio
         )
     if report.locked:
         lines.append(
-            "TensorFlow's runtime is already initialized in this process, so these settings cannot change now:"
+            f"TensorFlow's runtime is already initialized in this process{initialized_by()}, so these settings "
+            "cannot change now:"
             if report.state.initialized
             else "TensorFlow cannot change these settings in this process any more:"
         )
@@ -67,6 +69,12 @@ def describe_report(report: ApplyReport, restart_hint: str = RESTART_HINT, actio
             lines.append("Already in force.")
     lines += [f"Note: {note}" for note in report.notes]
     return "\n".join(lines)
+
+
+def initialized_by() -> str:
+    """` (by In [7]: `model.fit(x, ...`)` once the initializing cell is known, else ''."""
+    known = initcell.initialized_by()
+    return f" ({known})" if known else ""
 
 
 def _is_variable(item: str) -> bool:
@@ -136,7 +144,7 @@ def snapshot(source: StatusSource) -> StatusSnapshot:
 
 def status_text(snap: StatusSnapshot) -> str:
     """The full `%tfgpu` status as text: TensorFlow state, desired policy, environment, what TF recorded."""
-    lines = [row("TensorFlow", snap.state.label)]
+    lines = [row("TensorFlow", initcell.label(snap.state.label))]
     lines.append(row("Policy", "; ".join(snap.policy) if snap.policy else "none (TensorFlow defaults)"))
     env = [f"{name}={value}" for name, value in snap.environment]
     lines.append(row("Variables", ", ".join(env) if env else "none set"))
