@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from IPython.core.error import UsageError
@@ -17,7 +20,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.terminal.interactiveshell import TerminalInteractiveShell
 from IPython.testing import tools
 
-from fake_nvml import NVML_ERROR_DRIVER_NOT_LOADED, FakeNvml, four_gpus
+from fake_nvml import NVML_ERROR_DRIVER_NOT_LOADED, UUIDS, FakeGpu, FakeNvml, Handle, four_gpus
 from tfgpu_magic import actions
 from tfgpu_magic.gpus import doctor
 from tfgpu_magic.tf import importhook
@@ -31,6 +34,10 @@ from tfgpu_magic.tf.runtime import RuntimeState
 CUDA_BUILD = ("build_info = collections.OrderedDict([('is_cuda_build', True), ('cuda_version', '12.5'), "
               "('cudnn_version', '9')])")
 CPU_BUILD = "build_info = collections.OrderedDict([('is_cuda_build', False), ('is_rocm_build', False)])"
+ARCHS_BUILD = ("build_info = collections.OrderedDict([('cuda_compute_capabilities', ['sm_60', 'sm_70', 'sm_80', "
+               "'sm_89', 'compute_90']), ('cuda_version', '12.5.1'), ('cudnn_version', '9'), ('is_cuda_build', True)])")
+"""TensorFlow 2.18-2.21's wheels (binaries up to Ada, PTX for Hopper and newer)."""
+BINARIES_ONLY_BUILD = ARCHS_BUILD.replace("'compute_90'", "'sm_90'")
 FOUR = read_inventory(Nvml(module=FakeNvml(four_gpus())))
 NO_DRIVER = read_inventory(Nvml(module=FakeNvml(four_gpus(), init_error=NVML_ERROR_DRIVER_NOT_LOADED)))
 NODES = ("/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2", "/dev/nvidia3", "/dev/nvidiactl")
@@ -75,7 +82,9 @@ def write_tf(root: Path, source: str) -> Path:
 def tf_dirs(tmp_path: Path) -> dict[str, Path]:
     """TensorFlow directories of a CUDA build, a CPU-only build and one with a broken build_info.py."""
     return {"cuda": write_tf(tmp_path / "cuda", CUDA_BUILD), "cpu": write_tf(tmp_path / "cpu", CPU_BUILD),
-            "broken": write_tf(tmp_path / "broken", "build_info = collections.OrderedDict([(")}
+            "broken": write_tf(tmp_path / "broken", "build_info = collections.OrderedDict([("),
+            "archs": write_tf(tmp_path / "archs", ARCHS_BUILD),
+            "binaries": write_tf(tmp_path / "binaries", BINARIES_ONLY_BUILD)}
 
 
 def make_machine(tf_dirs: dict[str, Path], tf: str | None = "cuda", **changes) -> Machine:  # noqa: ANN003
@@ -111,7 +120,8 @@ def parse_report(text: str) -> tuple[list[tuple[str, str, str, str]], str]:
     return [tuple(c) for c in checks], summary
 
 
-ORDER = ("TensorFlow", "TensorFlow build", "NVIDIA driver / NVML", "device nodes", "CUDA_VISIBLE_DEVICES",
+ORDER = ("platform", "TensorFlow", "TensorFlow build", "CUDA libraries (pip)", "NVIDIA driver / NVML",
+         "GPU architecture", "device nodes", "CUDA_VISIBLE_DEVICES",
          "CUDA_DEVICE_ORDER", "Python", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR", "TensorFlow's GPUs",
          "GPU order")
 HEALTHY = {
@@ -127,7 +137,8 @@ HEALTHY = {
 TF_LISTS_NONE = {"TensorFlow's GPUs": (FAIL, "TensorFlow lists no GPU", "see the failed checks above")}
 NOT_LISTED = {"TensorFlow's GPUs": (INFO, "not listed yet (listing starts CUDA", "tf.config.list_physical_devices")}
 CPU_ONLY = {"TensorFlow build": (FAIL, "tensorflow-cpu 2.21.0 is a CPU-only build: it never uses a GPU",
-                                 "pip uninstall tensorflow-cpu && pip install 'tensorflow[and-cuda]'")}
+                                 "pip uninstall tensorflow-cpu && pip install 'tensorflow[and-cuda]'"),
+            "CUDA libraries (pip)": (INFO, "not needed: a CPU-only TensorFlow loads no CUDA library", "")}
 NVML_FAILS = {"NVIDIA driver / NVML": (FAIL, "NVML could not start: Driver Not Loaded (no NVIDIA driver",
                                        "install the NVIDIA driver on the host (nvidia-smi must work)")}
 NO_NODES = {"device nodes": (FAIL, "no /dev/nvidia0, /dev/nvidia1, ... in this machine or container",
@@ -254,6 +265,131 @@ SCENARIOS = [
              {"TensorFlow build": None, "TensorFlow": (WARN, "tensorflow 2.21.0; build info unreadable: ", "")}),
     scenario("unknown-distribution", dict(tf_distribution=None),
              {"TensorFlow build": (OK, "TensorFlow, built with CUDA 12.5, cuDNN 9", "")}),
+]
+
+
+class CapableNvml(FakeNvml):
+    """FakeNvml plus `nvmlDeviceGetCudaComputeCapability` (the fake decides each card's (major, minor),
+    by UUID; 8.0 for an A100 unless told)."""
+
+    def __init__(self, gpus: list[FakeGpu], capabilities: dict[str, tuple[int, int]] | None = None) -> None:
+        super().__init__(gpus)
+        self.capabilities = capabilities or {}
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: Handle) -> tuple[int, int]:
+        self._enter("nvmlDeviceGetCudaComputeCapability", handle)
+        return self.capabilities.get(handle.gpu.uuid, (8, 0))
+
+
+def cards(*gpus: tuple[FakeGpu, tuple[int, int]]) -> dict:
+    """Machine changes for `gpus` (each a FakeGpu with its compute capability): the inventory and the
+    capabilities both read through `doctor.read_compute_capabilities` from the fake NVML."""
+    nvml = Nvml(module=CapableNvml([gpu for gpu, _ in gpus], {gpu.uuid: cc for gpu, cc in gpus}))
+    inventory = read_inventory(nvml)
+    return dict(inventory=inventory, compute_capabilities=doctor.read_compute_capabilities(inventory, nvml),
+                api=FakeAPI(len(gpus)))
+
+
+RTX_5090 = FakeGpu(UUIDS[0], name="NVIDIA GeForce RTX 5090", total_mib=32607, mig=None)
+K80 = FakeGpu(UUIDS[1], name="Tesla K80", bus_id="00000000:0F:00.0", total_mib=11441, mig=None)
+A100_CC = cards(*((gpu, (8, 0)) for gpu in four_gpus()))
+ARCHS_LINE = {"TensorFlow build": (OK, "tensorflow 2.21.0, built with CUDA 12.5.1, cuDNN 9", "")}
+BUILT_FOR = "TensorFlow has kernels for sm_60, sm_70, sm_80, sm_89, compute_90; "
+ONE_GPU = {"TensorFlow's GPUs": (OK, "TensorFlow lists 1 GPU(s)", "")}
+NEWER_TF = "`pip install 'tf-nightly[and-cuda]'` or NVIDIA's NGC TensorFlow container"
+
+SITE = "/srv/venv/lib/python3.12/site-packages"
+PIP_CUDA = {"nvidia-cublas-cu12": "12.5.3.2", "nvidia-cuda-runtime-cu12": "12.5.82", "nvidia-cudnn-cu12": "9.3.0.75"}
+LIB_DIRS = tuple(f"{SITE}/nvidia/{name}/lib" for name in ("cublas", "cuda_runtime", "cudnn"))
+ON_PATH = ":".join(LIB_DIRS)
+PIP = dict(cuda_packages=PIP_CUDA, cuda_lib_dirs=LIB_DIRS, loader_path="")
+PIP_NAME = "CUDA libraries (pip)"
+HAVE = "3 packages of tensorflow[and-cuda] installed"
+EXPORT = f"export LD_LIBRARY_PATH={ON_PATH}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}, then restart the kernel"
+WSL2 = "Linux version 5.15.167.4-microsoft-standard-WSL2 (root@f9c826d3017f) (gcc (GCC) 11.2.0) #1 SMP"
+WSL1 = "Linux version 4.4.0-19041-Microsoft (Microsoft@Microsoft.com) (gcc version 5.4.0 (GCC) ) #1237-Microsoft"
+NO_GPU_HERE = dict(inventory=NO_DRIVER, device_nodes=(), api=FakeAPI(0))
+
+SCENARIOS += [
+    # tensorflow[and-cuda]: the pip CUDA packages and the loader (the changes decide what is installed)
+    scenario("pip-cuda-on-ld-path", dict(PIP, loader_path=ON_PATH, environ=env(LD_LIBRARY_PATH=ON_PATH)),
+             {PIP_NAME: (OK, f"{HAVE}, their lib folders on LD_LIBRARY_PATH", "")}),
+    scenario("pip-cuda-missing", dict(PIP, cuda_packages={**PIP_CUDA, "nvidia-cudnn-cu12": None}, api=FakeAPI(0)),
+             {PIP_NAME: (FAIL, "1 of the 3 packages of tensorflow[and-cuda] not installed: nvidia-cudnn-cu12 (needed "
+                               "unless CUDA 12.5 and cuDNN 9 are installed system-wide)",
+                         "pip install 'tensorflow[and-cuda]==2.21.0'"), **TF_LISTS_NONE}),
+    scenario("pip-cuda-missing-system-cuda-loaded",
+             dict(PIP, cuda_packages={**PIP_CUDA, "nvidia-cudnn-cu12": None},
+                  loaded_libraries=("/usr/lib/x86_64-linux-gnu/libcudnn.so.9.1.0",)),
+             {PIP_NAME: (OK, "nvidia-cudnn-cu12 not from pip, but loaded: libcudnn.so.9.1.0", "")}),
+    scenario("pip-cuda-not-on-ld-path", PIP,
+             {PIP_NAME: (WARN, f"{HAVE}, but 3 of their lib folders are not on LD_LIBRARY_PATH: TensorFlow 2.16+ "
+                               "may then not find them and list no GPU (tensorflow#63362, #65842)",
+                         f"before starting Jupyter (or in the kernelspec's env): {EXPORT}")},
+             "Nothing stops TensorFlow from using the GPUs above."),
+    scenario("pip-cuda-ld-path-set-too-late", dict(PIP, environ=env(LD_LIBRARY_PATH=ON_PATH)),
+             {PIP_NAME: (WARN, f"{HAVE}, but 3 of their lib folders are not on LD_LIBRARY_PATH as this process "
+                               "started (it was changed since; the loader reads it only at start)", EXPORT)}),
+    scenario("pip-cuda-partly-on-ld-path", dict(PIP, loader_path=f"{LIB_DIRS[0]}/:/usr/local/cuda/lib64"),
+             {PIP_NAME: (WARN, f"{HAVE}, but 2 of their lib folders are not on LD_LIBRARY_PATH",
+                         f"export LD_LIBRARY_PATH={LIB_DIRS[1]}:{LIB_DIRS[2]}$")}),
+    scenario("pip-cuda-loaded", dict(PIP, loaded_libraries=(f"{SITE}/nvidia/cudnn/lib/libcudnn.so.9",
+                                                            f"{SITE}/nvidia/cublas/lib/libcublas.so.12")),
+             {PIP_NAME: (OK, f"{HAVE}; loaded: libcublas.so.12, libcudnn.so.9", "")}),
+    scenario("pip-cuda-tf-2-15", dict(PIP, tf_distribution="tensorflow 2.15.1"),
+             {PIP_NAME: (OK, f"{HAVE}; TensorFlow 2.15 finds them by itself", ""),
+              "TensorFlow build": (OK, "tensorflow 2.15.1, built with CUDA 12.5", "")}),
+    scenario("pip-cuda-nightly", dict(PIP, tf_distribution="tf-nightly 2.21.0.dev20250729"),
+             {PIP_NAME: (WARN, "3 packages of tf-nightly[and-cuda] installed, but",
+                         "before starting Jupyter"),
+              "TensorFlow build": (OK, "tf-nightly 2.21.0.dev20250729, built with CUDA 12.5", "")}),
+    # compute capability against build_info's cuda_compute_capabilities (FakeNvml + CapableNvml decide the cards)
+    scenario("arch-a100s-have-binaries", dict(A100_CC, tf="archs"),
+             {**ARCHS_LINE, "GPU architecture": (OK, BUILT_FOR + "GPU 0 (NVIDIA A100-SXM4-80GB, 8.0): sm_80, GPU 1 "
+                                                 "(NVIDIA A100-SXM4-80GB, 8.0): sm_80, GPU 2 (NVIDIA A100-SXM4-80GB, "
+                                                 "8.0): sm_80, GPU 3 (NVIDIA A100-SXM4-40GB, 8.0): sm_80", "")}),
+    scenario("arch-blackwell-only-ptx", dict(cards((RTX_5090, (12, 0))), tf="archs"),
+             {**ARCHS_LINE, **ONE_GPU,
+              "NVIDIA driver / NVML": (OK, "driver 550.54.15, GPUs 0: NVIDIA GeForce RTX 5090", ""),
+              "GPU architecture": (WARN, BUILT_FOR + "GPU 0 (NVIDIA GeForce RTX 5090, 12.0): compute_90: the driver "
+                                   "compiles TensorFlow's PTX at the first start (minutes), and it can fail "
+                                   "(CUDA_ERROR_INVALID_PTX)",
+                                   "set CUDA_CACHE_MAXSIZE=4294967296 to keep the compiled kernels; for native ones "
+                                   "`pip install -U 'tensorflow[and-cuda]'` if a release is built for compute "
+                                   "capability 12.0, else " + NEWER_TF)},
+             "Nothing stops TensorFlow from using the GPUs above."),
+    scenario("arch-blackwell-no-kernel", dict(cards((RTX_5090, (12, 0))), tf="binaries"),
+             {**ARCHS_LINE, **ONE_GPU,
+              "NVIDIA driver / NVML": (OK, "driver 550.54.15, GPUs 0: NVIDIA GeForce RTX 5090", ""),
+              "GPU architecture": (FAIL, "TensorFlow has kernels for sm_60, sm_70, sm_80, sm_89, sm_90; GPU 0 (NVIDIA "
+                                   "GeForce RTX 5090, 12.0): none: TensorFlow cannot run a kernel there", NEWER_TF)}),
+    scenario("arch-kepler-too-old", dict(cards((K80, (3, 7))), tf="archs"),
+             {**ARCHS_LINE, **ONE_GPU,
+              "NVIDIA driver / NVML": (OK, "driver 550.54.15, GPUs 0: Tesla K80", ""),
+              "GPU architecture": (FAIL, BUILT_FOR + "GPU 0 (Tesla K80, 3.7): none: this TensorFlow needs 6.0 or newer",
+                                   "an older TensorFlow built for that card")}),
+    scenario("arch-unknown-without-build-list", dict(A100_CC), {}),
+    # platforms
+    scenario("windows-native", dict(platform="win32", device_nodes=()),
+             {"platform": (FAIL, "native Windows: TensorFlow's GPU support ended with 2.10; newer releases run on "
+                                 "the CPU only", "run Jupyter inside WSL2 (Ubuntu)"), "device nodes": None}),
+    scenario("windows-native-tf-2-10", dict(platform="win32", device_nodes=(), tf_distribution="tensorflow-gpu 2.10.1"),
+             {"platform": (INFO, "native Windows with TensorFlow 2.10: its GPU build needs CUDA 11.2 and cuDNN 8.1", ""),
+              "device nodes": None,
+              "TensorFlow build": (OK, "tensorflow-gpu 2.10.1, built with CUDA", "")}),
+    scenario("macos", dict(platform="darwin", **NO_GPU_HERE),
+             {"platform": (FAIL, "macOS has no CUDA", "pip install tensorflow-metal"), "device nodes": None,
+              **NVML_FAILS, **TF_LISTS_NONE}),
+    scenario("wsl2-with-gpu", dict(kernel_version=WSL2, device_nodes=("/dev/dxg",)),
+             {"platform": (OK, "WSL2 with a GPU passed through (/dev/dxg); the driver is the Windows one", ""),
+              "device nodes": (OK, "/dev/dxg: a GPU passed through by WSL2", "")}),
+    scenario("wsl2-without-dxg", dict(kernel_version=WSL2, **NO_GPU_HERE),
+             {"platform": (FAIL, "WSL2 without /dev/dxg: Windows passes no GPU to this distribution",
+                           "install the current NVIDIA driver in Windows (it includes WSL support), `wsl --update`"),
+              **NVML_FAILS, **NO_NODES, **TF_LISTS_NONE}),
+    scenario("wsl1", dict(kernel_version=WSL1, **NO_GPU_HERE),
+             {"platform": (FAIL, "WSL1: it passes no GPU to Linux", "wsl --set-version <distro> 2"),
+              **NVML_FAILS, **NO_NODES, **TF_LISTS_NONE}),
 ]
 
 
@@ -397,9 +533,11 @@ def test_doctor_on_this_machine() -> None:
     controller = Controller(environ={})
     checks, summary = parse_report(str(actions.doctor(controller)))
     assert [(verdict, name) for verdict, name, _, _ in checks] == [
-        (FAIL, "TensorFlow build"), (FAIL, "NVIDIA driver / NVML"), (FAIL, "device nodes"),
-        (OK, "CUDA_VISIBLE_DEVICES"), (INFO, "CUDA_DEVICE_ORDER"), (OK, "Python"), (INFO, "TensorFlow's GPUs")]
-    build, nvml, nodes, visible, order, python, listed = (detail for _, _, detail, _ in checks)
+        (FAIL, "TensorFlow build"), (INFO, "CUDA libraries (pip)"), (FAIL, "NVIDIA driver / NVML"),
+        (FAIL, "device nodes"), (OK, "CUDA_VISIBLE_DEVICES"), (INFO, "CUDA_DEVICE_ORDER"), (OK, "Python"),
+        (INFO, "TensorFlow's GPUs")]
+    build, pip, nvml, nodes, visible, order, python, listed = (detail for _, _, detail, _ in checks)
+    assert pip == "not needed: a CPU-only TensorFlow loads no CUDA library"
     assert build.startswith("tensorflow-cpu ") and build.endswith(" is a CPU-only build: it never uses a GPU")
     assert nvml.startswith("NVML unavailable: no NVIDIA driver here (none of /proc/driver/nvidia")
     assert nodes.startswith("no /dev/nvidia0") and visible == "not set: every GPU is visible"
@@ -425,28 +563,36 @@ def shell() -> InteractiveShell:
     return InteractiveShell.instance()
 
 
-@THIS_MACHINE
-@pytest.mark.usefixtures("python_on_path")
-def test_magic_doctor_and_visible_auto(shell: InteractiveShell, capsys: pytest.CaptureFixture) -> None:
-    """On a real shell: `%tfgpu doctor` prints the report; `%tfgpu visible auto` is a UsageError here."""
+@pytest.fixture
+def magic(shell: InteractiveShell) -> Iterator[Controller]:
+    """The real shell with `%tfgpu` over a fresh controller (empty environment); the shell's own
+    magics come back afterwards, and TensorFlow was never imported."""
     previous = shell.magics_manager.registry.get("TFGPUMagics")
     controller = Controller(environ={})
     shell.register_magics(TFGPUMagics(shell, controller=controller))
     try:
-        capsys.readouterr()
-        shell.run_line_magic("tfgpu", "doctor")
-        out = capsys.readouterr().out
-        assert out.startswith("[FAIL] TensorFlow build: tensorflow-cpu")
-        assert "\n[FAIL] NVIDIA driver / NVML: NVML unavailable: no NVIDIA driver here" in out
-        assert "\nTensorFlow has no GPU here because: " in out
-        with pytest.raises(UsageError, match="`visible auto` needs the GPU inventory, which is unavailable: NVML"):
-            shell.run_line_magic("tfgpu", "visible auto")
-        assert controller.policy == Policy() and controller.environ == {}
+        yield controller
     finally:
         importhook.disarm()
         if previous is not None:
             shell.register_magics(previous)
     assert "tensorflow" not in sys.modules
+
+
+@THIS_MACHINE
+@pytest.mark.usefixtures("python_on_path")
+def test_magic_doctor_and_visible_auto(shell: InteractiveShell, magic: Controller,
+                                       capsys: pytest.CaptureFixture) -> None:
+    """On a real shell: `%tfgpu doctor` prints the report; `%tfgpu visible auto` is a UsageError here."""
+    capsys.readouterr()
+    shell.run_line_magic("tfgpu", "doctor")
+    out = capsys.readouterr().out
+    assert out.startswith("[FAIL] TensorFlow build: tensorflow-cpu")
+    assert "\n[FAIL] NVIDIA driver / NVML: NVML unavailable: no NVIDIA driver here" in out
+    assert "\nTensorFlow has no GPU here because: " in out
+    with pytest.raises(UsageError, match="`visible auto` needs the GPU inventory, which is unavailable: NVML"):
+        shell.run_line_magic("tfgpu", "visible auto")
+    assert magic.policy == Policy() and magic.environ == {}
 
 
 def test_wsl2_gpu_counts_as_a_device_node(tf_dirs) -> None:  # noqa: ANN001
@@ -469,3 +615,113 @@ def test_inspect_machine_finds_the_binding_without_importing_it(monkeypatch: pyt
     machine = doctor.inspect_machine({}, NO_DRIVER, Policy(), FakeAPI())
     assert machine.nvml_binding == (importlib.util.find_spec("pynvml") is not None)
     assert "pynvml" not in sys.modules
+
+
+# ----- the checks' building blocks ------------------------------------------------------------------
+@pytest.mark.parametrize("capability, covered", [
+    ((8, 0), "sm_80"), ((8, 6), "sm_80"), ((8, 9), "sm_89"), ((9, 0), "compute_90"), ((12, 0), "compute_90"),
+    ((7, 5), "sm_70"), ((5, 2), None),
+])
+def test_a_binary_runs_on_its_major_version_and_ptx_on_anything_newer(capability, covered) -> None:  # noqa: ANN001
+    """CUDA's rules: an sm_XY binary runs on X.Y and later minors of X; PTX compute_XY on X.Y and newer."""
+    archs = doctor.parse_architectures(['sm_60', 'sm_70', 'sm_80', 'sm_89', 'compute_90'])
+    assert doctor._covers(archs, capability) == covered
+
+
+def test_an_arch_specific_binary_runs_only_on_its_own_card() -> None:
+    """sm_90a kernels (Hopper-only instructions) run on 9.0 and nowhere else."""
+    archs = doctor.parse_architectures(["sm_80", "sm_90a"])
+    assert archs == [("sm", 8, 0, ""), ("sm", 9, 0, "a")]
+    assert doctor._covers(archs, (9, 0)) == "sm_90a" and doctor._covers(archs, (10, 0)) is None
+
+
+def test_parse_architectures_skips_what_it_cannot_read() -> None:
+    assert doctor.parse_architectures(["sm_120", "compute_100", "sm_35", "gfx90a", 7]) == [
+        ("sm", 12, 0, ""), ("compute", 10, 0, ""), ("sm", 3, 5, "")]
+    assert doctor.parse_architectures(None) == [] and doctor.parse_architectures("sm_80") == []
+
+
+def test_compute_capabilities_are_read_through_the_nvml_chokepoint() -> None:
+    """Through `Nvml.call` (the fake decides the figures); without NVML, none and no call."""
+    fake = CapableNvml(four_gpus(), {UUIDS[3]: (9, 0)})
+    nvml = Nvml(module=fake)
+    assert doctor.read_compute_capabilities(read_inventory(nvml), nvml) == {0: (8, 0), 1: (8, 0), 2: (8, 0), 3: (9, 0)}
+    assert fake.calls.count("nvmlDeviceGetCudaComputeCapability") == 4
+    assert doctor.read_compute_capabilities(NO_DRIVER) == {}
+
+
+def test_a_card_nvml_cannot_tell_is_left_out() -> None:
+    """An NVML error on one card (the fake raises Not Supported there) leaves that card out, not the check."""
+    gpus = four_gpus()
+    gpus[1].fail["nvmlDeviceGetCudaComputeCapability"] = 3
+    nvml = Nvml(module=CapableNvml(gpus))
+    assert sorted(doctor.read_compute_capabilities(read_inventory(nvml), nvml)) == [0, 2, 3]
+
+
+def test_inspect_machine_reads_capabilities_from_the_given_nvml() -> None:
+    nvml = Nvml(module=CapableNvml(four_gpus(), {UUIDS[0]: (12, 0)}))
+    machine = doctor.inspect_machine({}, read_inventory(nvml), Policy(), FakeAPI(), nvml)
+    assert machine.compute_capabilities[0] == (12, 0) and machine.platform == sys.platform
+
+
+def test_cuda_packages_come_from_the_installed_metadata() -> None:
+    """The installed TensorFlow's own `and-cuda` extra names the packages (no list kept here)."""
+    distribution = doctor._tf_distribution()
+    if distribution is None:
+        pytest.skip("TensorFlow is not installed")
+    packages = doctor.cuda_packages(distribution.split()[0])
+    assert {"nvidia-cudnn-cu12", "nvidia-cublas-cu12", "nvidia-cuda-runtime-cu12"} <= set(packages)
+    assert all(name.startswith("nvidia-") for name in packages)
+    for name, version in packages.items():
+        assert version == doctor._version(name)
+    assert doctor.cuda_packages("no-such-distribution-anywhere") == {}
+
+
+def test_the_loader_path_is_the_one_the_process_started_with(tmp_path: Path) -> None:
+    """A fresh interpreter started with LD_LIBRARY_PATH=/from/start that then changes os.environ:
+    the doctor reads the start value (what the loader uses); unset at start reads as ''."""
+    probe = ("import os; from tfgpu_magic.gpus import doctor; os.environ['LD_LIBRARY_PATH'] = '/set/later'; "
+             "print(repr(doctor._startup_variable('LD_LIBRARY_PATH')))")
+    run = lambda extra: subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,  # noqa: E731
+                                       env={k: v for k, v in {**dict(os.environ), **extra}.items() if v is not None})
+    assert run({"LD_LIBRARY_PATH": "/from/start"}).stdout.strip() == "'/from/start'"
+    assert run({"LD_LIBRARY_PATH": None}).stdout.strip() == "''"
+
+
+def test_loaded_cuda_libraries_from_a_maps_text() -> None:
+    """/proc/PID/maps lines: CUDA libraries (pip's or the system's) once each; the driver's and others not."""
+    maps = "\n".join([
+        f"7f00-7f10 r--p 00000000 08:01 1 {SITE}/nvidia/cudnn/lib/libcudnn.so.9",
+        f"7f10-7f20 r-xp 00010000 08:01 1 {SITE}/nvidia/cudnn/lib/libcudnn.so.9",
+        "7f20-7f30 r--p 00000000 08:01 2 /usr/lib/x86_64-linux-gnu/libcublas.so.12.5.3",
+        "7f30-7f40 r--p 00000000 08:01 3 /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15",
+        "7f40-7f50 r--p 00000000 08:01 4 /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+        "7f50-7f60 rw-p 00000000 00:00 0",
+        "7ffd-7ffe rw-p 00000000 00:00 0 [stack]",
+    ])
+    assert doctor.loaded_cuda_libraries(maps) == (f"{SITE}/nvidia/cudnn/lib/libcudnn.so.9",
+                                                  "/usr/lib/x86_64-linux-gnu/libcublas.so.12.5.3")
+    assert doctor.loaded_cuda_libraries(Path("/proc/self/maps").read_text()) == ()  # none in this process
+
+
+# ----- --json -------------------------------------------------------------------------------------
+def test_report_json_is_the_checks_as_data(tf_dirs) -> None:  # noqa: ANN001
+    checks = doctor.run_checks(make_machine(tf_dirs, **PIP))
+    data = json.loads(doctor.report_json(checks))
+    assert data == [{"check": c.name, "verdict": c.verdict, "detail": c.detail, "fix": c.fix} for c in checks]
+    assert {"check": PIP_NAME, "verdict": WARN} == {k: v for k, v in data[1].items() if k in ("check", "verdict")}
+
+
+@THIS_MACHINE
+@pytest.mark.usefixtures("python_on_path")
+def test_magic_doctor_json(shell: InteractiveShell, magic: Controller, capsys: pytest.CaptureFixture) -> None:
+    """`%tfgpu doctor --json` on the real shell prints one JSON list: the same checks as the text;
+    `--json` belongs to doctor only."""
+    capsys.readouterr()
+    shell.run_line_magic("tfgpu", "doctor --json")
+    data = json.loads(capsys.readouterr().out)
+    checks, _ = parse_report(str(actions.doctor(magic)))
+    assert [(d["verdict"], d["check"], d["detail"], d["fix"]) for d in data] == checks
+    assert actions.doctor(magic, json=True) == json.dumps(data, indent=2, ensure_ascii=False)
+    with pytest.raises(UsageError, match="--json"):
+        shell.run_line_magic("tfgpu", "status --json")

@@ -564,6 +564,19 @@ def test_session_config_is_merged_with_the_policy() -> None:
     assert ctl.state().devices_created.startswith("`tf.compat.v1.Session()`")
 
 
+def test_session_with_own_cpu_count_wins_with_one_warning(capsys: pytest.CaptureFixture) -> None:
+    """A config with its own CPU device count keeps it, and one stderr line says which wins (the fake
+    lists the devices; the same CPU rule runs on real TF in test_fake_parity's `routes` scenario)."""
+    fake, ctl = routed(1, "split cpu 3")
+    mine = fake.new_session_config()
+    mine.device_count["CPU"] = 1
+    sess = fake.Session(config=mine)
+    assert sum(d.device_type == "CPU" for d in sess.list_devices()) == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if line]
+    assert lines == ["tfgpu_magic: tf.compat.v1.Session(): the config's own CPU device count (1) wins over "
+                     "the policy's (3) in this session"]
+
+
 def test_session_with_own_gpu_options_wins_with_one_warning(capsys: pytest.CaptureFixture) -> None:
     """GPU-only, decided by the fake: a config that sets its own gpu_options keeps them (one stderr
     line says so); the state then says GPU memory is fixed, and a later init shows the user's growth."""

@@ -238,3 +238,14 @@ def test_kernel_restarted_onto_a_fifo_starts(kernel):
         pending.unlink(missing_ok=True)
         default.unlink(missing_ok=True)
         connection.ok("%tfgpu autoload off")
+
+
+def test_huge_number_in_json_is_one_plain_line():
+    """Python's digit-limit error carries advice for programmers (`sys.set_int_max_str_digits`): the
+    warning says what is wrong with the file instead."""
+    from tfgpu_magic import safefile
+    from tfgpu_magic.errors import PolicyError
+
+    with pytest.raises(PolicyError) as info:
+        safefile.loads('{"cpu_devices": ' + "1" * 5000 + "}", "policy.json")
+    assert str(info.value) == "policy.json: a number with more than 4,300 digits"

@@ -179,7 +179,7 @@ def test_help_shows_the_grammar(shell, capsys) -> None:  # noqa: ANN001
     shell.run_line_magic("pinfo", "%tfgpu")
     out = capsys.readouterr().out
     assert [form for form in GRAMMAR if form not in out] == []
-    assert [form for form in GRAMMAR if form not in TFGPUMagics.tfgpu.__doc__] == []
+    assert [form for form in GRAMMAR if form not in TFGPUMagics.tfgpu.getdoc()] == []
 
 
 @pytest.fixture
@@ -342,6 +342,19 @@ def test_configure_raises_policy_error_for_hostile_lines(monkeypatch, directives
     with pytest.raises(PolicyError) as info:
         tfgpu_magic.configure(*directives)
     assert "Exceeds the limit" not in str(info.value) and len(str(info.value)) < 300
+    assert controller.policy == Policy() and controller.environ == {}
+
+
+@pytest.mark.parametrize("given", [["growth", "on"], None, 5, b"growth on"])
+def test_configure_names_its_argument_type(monkeypatch, given: object) -> None:  # noqa: ANN001
+    """A list, None, a number or bytes is a clear TypeError about configure()'s arguments, not a
+    shlex or len() error from deep inside; nothing changes."""
+    controller = new_controller()
+    monkeypatch.setattr(tfgpu_magic.controller, "get_controller", lambda: controller)
+    with pytest.raises(TypeError, match=r"^configure\(\) takes directive strings"):
+        tfgpu_magic.configure(given)  # type: ignore[arg-type]
+    with pytest.raises(PolicyError, match="empty directive"):
+        tfgpu_magic.configure("growth on", "  ")
     assert controller.policy == Policy() and controller.environ == {}
 
 

@@ -153,6 +153,57 @@ def test_the_hook_ignores_other_errors_and_successes() -> None:
     hook(SimpleNamespace(error_in_exec=None))
 
 
+# ----- cuDNN / cuBLAS start-up failures, on the real in-process shell ------------------------------
+DNN_FAILURES = [
+    ("RuntimeError", "Could not create cudnn handle: CUDNN_STATUS_INTERNAL_ERROR"),
+    ("UnknownError", "Failed to get convolution algorithm. This is probably because cuDNN failed to initialize, so "
+                     "try looking to see if a warning log message was printed above. [Op:Conv2D]"),
+    ("InternalError", "failed to create cublas handle: CUBLAS_STATUS_NOT_INITIALIZED"),
+    ("InternalError", "Blas GEMM launch failed : a.shape=(32, 784), b.shape=(784, 10), m=32, n=10, k=784 [Op:MatMul]"),
+]
+
+
+@pytest.fixture
+def hooked(ipshell) -> Iterator[object]:
+    """The real shell with the OOM hook registered as TensorFlow's import would (no GPU, no TF)."""
+    oom.uninstall(ipshell)
+    oom.install(ipshell, Controller(environ={}))
+    yield ipshell
+    oom.uninstall(ipshell)
+
+
+def tfgpu_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("tfgpu:")]
+
+
+@pytest.mark.parametrize("kind, message", DNN_FAILURES, ids=["cudnn-handle", "conv-algorithm", "cublas", "gemm"])
+def test_a_dnn_startup_failure_points_to_who_and_growth(hooked, capsys, kind: str, message: str) -> None:
+    """A cell raising TensorFlow's wording (any exception type: the cell defines its own class) gets
+    IPython's traceback, then exactly one `tfgpu:` line; nothing is released."""
+    capsys.readouterr()
+    result = hooked.run_cell(f"class {kind}(Exception): pass\nraise {kind}({message!r})")
+    assert type(result.error_in_exec).__name__ == kind
+    captured = capsys.readouterr()
+    assert tfgpu_lines(captured.err) == [oom.DNN_STARTUP_HINT]
+    assert "`%tfgpu who`" in oom.DNN_STARTUP_HINT and "`%tfgpu growth on`" in oom.DNN_STARTUP_HINT
+    assert message[:20] in captured.out + captured.err  # the traceback is IPython's own, untouched
+
+
+def test_a_dnn_failure_as_the_cause_is_recognised(hooked, capsys) -> None:
+    """Keras re-raises: the cuDNN message is on the cause, not on the error the cell ends with."""
+    capsys.readouterr()
+    hooked.run_cell("raise ValueError('training failed') from RuntimeError('CUDNN_STATUS_INTERNAL_ERROR')")
+    assert tfgpu_lines(capsys.readouterr().err) == [oom.DNN_STARTUP_HINT]
+
+
+@pytest.mark.parametrize("cell", ["raise ValueError('cudnn is fine, the input is not')", "x = 1",
+                                  "raise KeyError('CUBLAS')"])
+def test_other_cells_get_no_hint(hooked, capsys, cell: str) -> None:
+    capsys.readouterr()
+    hooked.run_cell(cell)
+    assert tfgpu_lines(capsys.readouterr().err) == []
+
+
 # ----- who initialized, through a fake state ------------------------------------------------------
 class FakeEvents:
     def __init__(self) -> None:
@@ -281,3 +332,13 @@ def test_with_the_release_off_the_frames_keep_the_tensor(tf_kernel: Kernel) -> N
     assert "on GPU:0: it asked for 32.0 GiB" in result.stderr and "released" not in result.stderr
     assert tf_kernel.evaluate("ref2() is not None") is True
     tf_kernel.ok("oom.settings.release = True")
+
+
+@pytest.mark.tensorflow
+def test_a_real_tensorflow_dnn_error_gets_the_hint(tf_kernel: Kernel) -> None:
+    """TensorFlow's own UnknownError with cuDNN's wording, raised in a kernel cell (CPU build: raised
+    by hand), gets the one hint line from the hook TensorFlow's import installed."""
+    message = DNN_FAILURES[1][1]
+    result = tf_kernel.run(f"raise tf.errors.UnknownError(None, None, {message!r})")
+    assert result.status == "error" and result.errors[0]["ename"] == "UnknownError"
+    assert tfgpu_lines(result.stderr) == [oom.DNN_STARTUP_HINT]

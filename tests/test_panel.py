@@ -8,7 +8,9 @@ GPU rows come from a fake NVML (the inventory's one chokepoint) and TensorFlow's
 from __future__ import annotations
 
 import html
+import os
 import sys
+from types import SimpleNamespace
 
 import pytest
 from fake_nvml import FakeNvml, four_gpus
@@ -17,7 +19,8 @@ from fake_tf import FakeTF
 from tfgpu_magic.tf import importhook
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog, Nvml, read_inventory
-from tfgpu_magic.views.panel import GpuRow, Panel, memory_bar
+from tfgpu_magic.views.panel import (COLUMNS, YOU_COLOR, GpuRow, Panel, gib_pair, memory_bar, refresh_open_panels,
+                                     show_panel)
 
 
 @pytest.fixture(autouse=True)
@@ -34,11 +37,59 @@ def make_panel(tf: FakeTF | None = None, gpus: bool = True) -> tuple[Panel, Cont
 
 
 def test_one_row_per_gpu_with_memory_bar():
-    """Each NVML GPU gets a row whose bar shows used/total MiB."""
+    """Each NVML GPU gets a row whose bar shows used/total in GiB (exact MiB in the tooltip), this
+    kernel's share (the fake lists this process on GPU 0) in its own segment."""
     panel, _ = make_panel()
     assert sorted(panel.visible) == ["0", "1", "2", "3"]
-    assert "20,480 / 81,920 MiB" in panel.bars["0"].value and "width:25%" in panel.bars["0"].value
+    bar = panel.bars["0"].value
+    assert "20.0 / 80 GiB" in bar and "20,480 of 81,920 MiB used" in bar
+    assert f"width:1.2%;min-width:3px;height:100%;background:{YOU_COLOR}" in bar and "width:23.8%" in bar
+    assert "0.0 / 40 GiB" in panel.bars["3"].value
     assert all(box.value for box in panel.visible.values())
+
+
+def test_gib_pair_reads_like_a_card():
+    """Whole-GiB cards show no decimals; odd sizes one; cards under 1 GiB stay in MiB."""
+    assert gib_pair(20480, 81920) == "20.0 / 80 GiB"
+    assert gib_pair(1229, 16128) == "1.2 / 15.8 GiB"
+    assert gib_pair(100, 512) == "100 / 512 MiB"
+
+
+def test_rows_show_utilization_processes_and_this_kernels_share():
+    """From the fake NVML: GPU 0 is 50% busy, held by this kernel (1 GiB, marked "you") and one
+    other process; GPU 1 has none; GPU 3 (MIG, NVML gives no utilization) shows a dash and its
+    two MIG instances."""
+    panel, _ = make_panel()
+    assert "50% busy" in panel.busy["0"].value and "30% busy" in panel.busy["1"].value
+    holders = panel.holders["0"].value
+    assert ">you: 1.0 GiB</b> · 1 other: 19.0 GiB" in holders and f"pid {os.getpid()} (this kernel)" in holders
+    assert "no processes" in panel.holders["1"].value and "you:" not in panel.holders["1"].value
+    assert "utilization unknown" in panel.busy["3"].value
+    cells = panel.table.children
+    assert len(cells) == len(COLUMNS) * 5  # one grid: a header row and one row per card
+    cards = [cell.value for cell in cells if "A100" in str(cell.value)]
+    assert len(cards) == 4 and "MIG ×2" in cards[3] and ">A100-SXM4-80GB<" in cards[0]
+
+
+def test_other_kernels_share_is_not_yours():
+    """With only other processes on GPU 0 (the fake's `this_kernel=False`), nothing says "you"."""
+    inventory = read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False))))
+    panel = Panel(Controller(api=FakeTF(4, imported=False), environ={}, catalog=InventoryCatalog(inventory)))
+    assert "you:" not in panel.holders["0"].value and "2 others: 20.0 GiB" in panel.holders["0"].value
+    assert YOU_COLOR not in panel.bars["0"].value
+
+
+def test_cpu_devices_default_reads_tf_default():
+    """No CPU split shows an empty field reading "TF default" (not 0); a number splits; clearing
+    it goes back to TensorFlow's default; a bad count gives the grammar's message."""
+    panel, ctl = make_panel()
+    assert panel.cpus.value == "" and panel.cpus.placeholder == "TF default"
+    panel.cpus.value = "2"
+    assert ctl.policy.cpu_devices == 2
+    panel.cpus.value = ""
+    assert ctl.policy.cpu_devices is None
+    panel.cpus.value = "many"
+    assert panel.error.value and ctl.policy.cpu_devices is None and panel.cpus.value == ""
 
 
 def test_no_gpu_says_why():
@@ -53,7 +104,7 @@ def test_panel_edits_reach_the_policy():
     panel, ctl = make_panel()
     panel.growth.value = "on"
     panel.allocator.value = "async"
-    panel.cpus.value = 3
+    panel.cpus.value = "3"
     panel.visible["3"].value = False
     panel.limits["0"].value = "2GB"
     panel.splits["1"].value = "2x1GB"
@@ -97,7 +148,7 @@ def test_magic_edits_show_in_the_panel():
     second = Panel(ctl)
     ctl.edit([ctl.parse("growth on"), ctl.parse("split cpu 2"), ctl.parse("limit 3GB 2"), ctl.parse("visible 0,2")])
     for panel in (first, second):
-        assert panel.growth.value == "on" and panel.cpus.value == 2
+        assert panel.growth.value == "on" and panel.cpus.value == "2"
         assert panel.limits["2"].value == "3GB"
         assert [ref for ref, box in panel.visible.items() if box.value] == ["0", "2"]
 
@@ -114,25 +165,25 @@ def test_invalid_input_gives_the_magic_message_and_changes_nothing():
     assert "both a limit and a split" in panel.error.value and panel.splits["0"].value == ""
     panel.limits["0"].value = "<b>2GB"
     assert "&lt;b&gt;" in panel.error.value and "<b>" not in panel.error.value  # shown, never rendered
-    panel.cpus.value = 2
+    panel.cpus.value = "2"
     assert panel.error.value == ""
 
 
 def test_reset_and_export_buttons():
     """Reset empties the policy and every control; Export shows the equivalent code."""
     panel, ctl = make_panel()
-    panel.cpus.value = 2
+    panel.cpus.value = "2"
     panel.export_button.click()
     assert "LogicalDeviceConfiguration()] * 2" in panel.message
     panel.reset_button.click()
-    assert ctl.policy.is_empty and panel.cpus.value == 0 and panel.growth.value == "default"
+    assert ctl.policy.is_empty and panel.cpus.value == "" and panel.growth.value == "default"
 
 
 def test_apply_button_applies_once_tensorflow_is_imported():
     """Apply is off before import (the hook applies), on after import, and applies the policy."""
     tf = FakeTF(2, imported=False)
     panel, ctl = make_panel(tf)
-    panel.cpus.value = 2
+    panel.cpus.value = "2"
     assert panel.apply_button.disabled
     tf.imported = True
     panel.sync()
@@ -145,12 +196,12 @@ def test_locked_after_initialization_with_reason_and_pending():
     """Once initialized: Apply disabled, controls marked locked with the reason, edits pending."""
     tf = FakeTF(2)
     panel, ctl = make_panel(tf)
-    panel.cpus.value = 2
+    panel.cpus.value = "2"
     tf.initialize()
     panel.sync()
     assert panel.apply_button.disabled and "restart" in panel.apply_button.tooltip
     assert "locked" in panel.header.value and "Restart kernel and apply" in panel.cpus.tooltip
-    panel.cpus.value = 3
+    panel.cpus.value = "3"
     assert "Pending, needs a restart" in panel.header.value and "3 logical devices" in panel.header.value
     assert "initialized" in panel.header.value
 
@@ -187,7 +238,7 @@ def test_live_refresh_runs_only_while_on_and_stops_on_close():
 def test_memory_bar_unknown():
     """A GPU without memory figures says so instead of drawing a bar."""
     assert "unknown" in memory_bar(GpuRow("0", "GPU"))
-    assert "width:50%" in memory_bar(GpuRow("0", "GPU", used_mib=512, total_mib=1024))
+    assert "width:50.0%" in memory_bar(GpuRow("0", "GPU", used_mib=512, total_mib=1024))
 
 
 def test_panel_edit_shows_in_status_and_export():
@@ -196,7 +247,7 @@ def test_panel_edit_shows_in_status_and_export():
     from tfgpu_magic.views.status import describe_status
 
     panel, ctl = make_panel()
-    panel.cpus.value = 2
+    panel.cpus.value = "2"
     panel.limits["1"].value = "1.5GB"
     status = describe_status(ctl)
     assert "split cpu into 2 logical devices" in status and "limit 1536 MiB on GPU 1" in status
@@ -257,3 +308,52 @@ def test_who_section_reads_only_when_opened():
     panel.who_section.selected_index = 0
     assert calls == [1] and "GPU 0 &lt;you&gt;" in panel.who_text.value
     assert Panel(Controller(api=FakeTF(2), environ={})).who_section.layout.display == "none"
+
+
+def test_panel_as_a_cells_value_adds_nothing_in_its_own_cell(monkeypatch: pytest.MonkeyPatch):
+    """`tfgpu_magic.panel()` last in a cell: the panel is already shown, so echoing it displays
+    nothing (no `<Panel at 0x…>`); echoed in a later cell it shows its widget again."""
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda *values: shown.extend(values))
+    shell = SimpleNamespace(execution_count=4, events=SimpleNamespace(register=lambda *a: None,
+                                                                      unregister=lambda *a: None))
+    monkeypatch.setattr("tfgpu_magic.views.panel._open_panels", [])
+    panel = show_panel(Controller(api=FakeTF(2), environ={}), shell, None, restarts=False)
+    try:
+        assert shown == [panel.widget]
+        panel._ipython_display_()
+        assert shown == [panel.widget]
+        shell.execution_count = 5
+        panel._ipython_display_()
+        assert shown == [panel.widget, panel.widget]
+    finally:
+        panel.close()
+
+
+def test_live_memory_shows_tensorflows_figures_under_the_table():
+    """With live memory ticked, `%tfgpu memory`'s figures (here the cap, before initialization) are
+    listed under the table, one line per GPU, leaving the rows one line each."""
+    panel, ctl = make_panel()
+    ctl.edit([ctl.parse("limit 2GB 0")])
+    assert panel.figures.value == ""
+    panel.live.value = True
+    try:
+        panel.refresh_memory()
+        assert "GPU 0: cap" in panel.figures.value and "2.0 GiB" in panel.figures.value
+        assert "cap" not in panel.bars["0"].value
+    finally:
+        panel.close()
+
+
+def test_rows_follow_the_gpus_after_each_cell(monkeypatch: pytest.MonkeyPatch):
+    """After a cell (the post_run_cell hook) the rows re-read NVML: here the fake now lists this
+    kernel on GPU 1 with 2 GiB, as after a cell that initialized TensorFlow there."""
+    panel, ctl = make_panel()
+    gpus = four_gpus(this_kernel=False)
+    gpus[1].processes, gpus[1].used_mib = [(os.getpid(), 2048)], 2048
+    monkeypatch.setattr(ctl, "inventory", lambda: read_inventory(Nvml(module=FakeNvml(gpus))))
+    monkeypatch.setattr("tfgpu_magic.views.panel._open_panels", [panel])
+    assert "you:" not in panel.holders["1"].value
+    refresh_open_panels()
+    assert ">you: 2.0 GiB</b>" in panel.holders["1"].value and "2.0 / 80 GiB" in panel.bars["1"].value
+    assert "you:" not in panel.holders["0"].value

@@ -430,3 +430,16 @@ def test_error_quotes_only_an_excerpt_of_a_huge_value() -> None:
     with pytest.raises(PolicyError) as info:
         Policy.from_dict({"allocator": "x" * 1_000_000})
     assert "(1,000,000 characters)" in str(info.value) and len(str(info.value)) < 200
+
+
+
+@pytest.mark.parametrize("ref", ["GPU-xyz", "GPU-8932f93g", "MIG-zz", "GPU-/1"])
+def test_uuids_are_hex_as_nvml_writes_them(ref: str) -> None:
+    """A UUID typo (`GPU-xyz`) is an error, not a `CUDA_VISIBLE_DEVICES` entry that hides every GPU."""
+    with pytest.raises(PolicyError):
+        Policy(visible=(ref,)).validate()
+
+
+@pytest.mark.parametrize("ref", ["GPU-8932f937", "MIG-5e6f7a8b-9c0d", "MIG-GPU-b1c2d3e4/1/0", "gpu-ABCDEF"])
+def test_nvml_uuid_forms_and_prefixes_are_accepted(ref: str) -> None:
+    Policy(visible=(ref,)).validate()

@@ -2,58 +2,39 @@
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
-import nbformat
 import pytest
-from kernels import CELL_TIMEOUT, STARTUP_TIMEOUT, kernel_manager, quiet_env
 from kernels import tensorflow_stays_out_of_pytest  # noqa: F401 (autouse)
-from nbclient import NotebookClient
+from notebook_runs import NO_DRIVER, assert_quiet, execute, outputs_of, saved_without_outputs, text_of
 
 pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "quickstart.ipynb"
+NOTEBOOK = "quickstart.ipynb"
 
 
 @pytest.fixture(scope="module")
-def executed() -> nbformat.NotebookNode:
+def executed():
     """The quickstart executed in an isolated kernel (venv Python); nbclient fails on any cell error."""
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    with tempfile.TemporaryDirectory(prefix="tfgpu-nb-") as tmp:
-        client = NotebookClient(
-            nb,
-            km=kernel_manager(Path(tmp), asynchronous=True),
-            timeout=CELL_TIMEOUT,
-            startup_timeout=STARTUP_TIMEOUT,
-            allow_errors=False,
-            resources={"metadata": {"path": tmp}},
-        )
-        client.execute(cleanup_kc=True, env=quiet_env())  # cleanup_kc: shut down the kernel we made
-    return nb
-
-
-def text_of(cell: nbformat.NotebookNode) -> str:
-    """What the cell shows, as text: streams, results, displays."""
-    parts = []
-    for output in cell.get("outputs", []):
-        parts.append(output.get("text", "") or output.get("data", {}).get("text/plain", ""))
-    return "\n".join(parts)
-
-
-def outputs_of(nb: nbformat.NotebookNode, source: str) -> list[str]:
-    """The output texts of the code cells whose source is `source`, in notebook order."""
-    outputs = [text_of(cell) for cell in nb.cells if cell.cell_type == "code" and cell.source.strip() == source]
-    assert outputs, f"no cell {source!r}"
-    return outputs
+    return execute(NOTEBOOK)
 
 
 def test_every_cell_ran_without_error_or_warning(executed):
     """No error outputs and nothing on stderr (with TensorFlow's own logging quieted)."""
-    for cell in executed.cells:
-        for output in cell.get("outputs", []):
-            assert output.output_type != "error", cell.source
-            assert output.get("name") != "stderr", f"{cell.source}: {output.get('text')}"
+    assert_quiet(executed)
+
+
+def test_saved_without_outputs():
+    """The repository keeps the notebook clean; the tests execute a copy in memory."""
+    assert saved_without_outputs(NOTEBOOK)
+
+
+def test_doctor_runs_before_tensorflow_and_names_the_driver(executed):
+    """The doctor cell reports the driver check and the CPU-only build of the test venv; it does not
+    import TensorFlow (the split cell after it still finds TensorFlow not imported)."""
+    (shown,) = outputs_of(executed, "%tfgpu doctor")
+    assert "NVIDIA driver" in shown
+    assert "CPU-only" in shown  # the test venv installs tensorflow-cpu
+    if NO_DRIVER:
+        assert "no NVIDIA driver" in shown and "--gpus all" in shown
 
 
 def test_policy_applied_before_the_first_op(executed):

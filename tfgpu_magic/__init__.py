@@ -74,7 +74,8 @@ def session_config() -> Any:
 
 
 def panel() -> Any:
-    """Show the widget panel over the policy in a notebook; returns the `Panel` (its `.widget`)."""
+    """Show the widget panel over the policy in a notebook; returns the `Panel` (its `.widget`), which
+    as the cell's last value adds no `<Panel at 0x…>` line (`Panel._ipython_display_`)."""
     from IPython import get_ipython
 
     from .actions import open_panel

@@ -81,12 +81,15 @@ def restarts(shell: Any) -> bool:
     return choose_route(shell).restarts
 
 
-def doctor(controller: Controller, shell: Any = None, arg: str | None = None) -> DoctorResult:
-    """`%tfgpu doctor`: why TensorFlow does (not) see a GPU, check by check, with the fix."""
-    from .gpus.doctor import inspect_machine, run_checks
+def doctor(controller: Controller, shell: Any = None, arg: str | None = None, *,
+           json: bool = False) -> DoctorResult | str:
+    """`%tfgpu doctor [--json]`: why TensorFlow does (not) see a GPU, check by check, with the fix;
+    with `json`, the checks as a JSON list for scripts."""
+    from .gpus.doctor import inspect_machine, report_json, run_checks
 
     machine = inspect_machine(controller.environ, controller.inventory(), controller.policy, controller.api)
-    return DoctorResult(tuple(run_checks(machine)))
+    checks = run_checks(machine)
+    return report_json(checks) if json else DoctorResult(tuple(checks))
 
 
 def memory(controller: Controller, shell: Any = None, arg: str | None = None) -> str:

@@ -319,6 +319,12 @@ def configure(*directives: str) -> ApplyReport:
 
     Same directives and timing rules as the magic; bad input raises `PolicyError` and changes nothing.
     """
+    wrong = [directive for directive in directives if not isinstance(directive, str)]
+    if wrong:
+        raise TypeError(f"configure() takes directive strings, e.g. configure(\"growth on\", \"visible 0\"); "
+                        f"got {type(wrong[0]).__name__}")
+    if not all(directive.strip() for directive in directives):
+        raise PolicyError("configure() got an empty directive; give each as text, e.g. configure(\"growth on\")")
     controller = get_controller()
     report = controller.set_policy(controller.edit_policy(directives))
     if not report.ok:

@@ -69,6 +69,8 @@ def loads(text: str, what: str) -> Any:
     except RecursionError:
         raise PolicyError(f"{what}: JSON nested too deeply") from None
     except ValueError as err:
+        if "integer string conversion" in str(err):  # Python's digit limit, with advice meant for programmers
+            raise PolicyError(f"{what}: a number with more than 4,300 digits") from None
         raise PolicyError(f"{what} is not valid JSON: {err}") from None
 
 

@@ -1,7 +1,8 @@
 """`%tfgpu doctor`: why TensorFlow does (not) see a GPU, as ordered checks with a verdict and a fix.
 
 Nothing here initializes TensorFlow or starts CUDA: TensorFlow's build is read from its
-`build_info.py` without importing it, and TF's device list is only compared once TF listed it.
+`build_info.py` without importing it, its pip CUDA packages from their metadata, what the loader
+has loaded from `/proc/self/maps`, and TF's device list is only compared once TF listed it.
 """
 
 from __future__ import annotations
@@ -9,21 +10,34 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import importlib.util
+import json
 import os
+import re
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
 from .cudaenv import parse_cuda_visible
-from .inventory import Gpu, Inventory
+from .inventory import Gpu, Inventory, Nvml, shared_nvml
 from ..language.policy import Policy
 from ..tf.envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR
 from ..tf.runtime import ASYNC_ALLOCATOR, ConfigAPI
 
 OK, WARN, FAIL, INFO = "ok", "warn", "FAIL", "info"
 TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tf-nightly-cpu", "intel-tensorflow")
+CUDA_EXTRA = "and-cuda"
+"""The extra of TensorFlow ≥ 2.14 that brings CUDA, cuDNN, cuBLAS ... as pip `nvidia-*` packages."""
+LD_LIBRARY_PATH = "LD_LIBRARY_PATH"
+CUDA_LIBRARIES = ("libcudart", "libcudnn", "libcublas", "libcufft", "libcurand", "libcusolver", "libcusparse",
+                  "libnccl", "libnvJitLink", "libcupti")
+"""File-name prefixes of the CUDA libraries TensorFlow loads (not the driver's libcuda / libnvidia-*)."""
+FINDS_PIP_CUDA_ITSELF = (2, 16)
+"""Below this TensorFlow finds its pip CUDA libraries by itself; from 2.16 the loader may not
+(tensorflow#63362, #65842) unless their folders are on LD_LIBRARY_PATH."""
+LAST_WINDOWS_GPU = (2, 10)
+"""The last TensorFlow with GPU support on native Windows."""
 
 
 @dataclass(frozen=True)
@@ -54,25 +68,50 @@ class Machine:
     path_python_has_tf: bool | None
     nvml_binding: bool = True
     """nvidia-ml-py is installed (found, not imported: without a driver importing it is wasted)."""
+    cuda_packages: Mapping[str, str | None] = field(default_factory=dict)
+    """Each `nvidia-*` package TensorFlow's `and-cuda` extra requires → its installed version (None:
+    missing); empty where TensorFlow declares no such extra (before 2.14)."""
+    cuda_lib_dirs: tuple[str, ...] = ()
+    """The `site-packages/nvidia/*/lib` folders those packages installed."""
+    loader_path: str | None = None
+    """LD_LIBRARY_PATH as this process started with it (the loader reads it only then); None: unknown."""
+    loaded_libraries: tuple[str, ...] = ()
+    """CUDA libraries already loaded in this process (`loaded_cuda_libraries`)."""
+    compute_capabilities: Mapping[int, tuple[int, int]] = field(default_factory=dict)
+    """GPU index (nvidia-smi order) → its CUDA compute capability, as NVML reports it."""
+    platform: str = "linux"
+    """`sys.platform`."""
+    kernel_version: str = ""
+    """/proc/version ("microsoft" in it: WSL)."""
 
 
-def inspect_machine(environ: Mapping[str, str], inventory: Inventory, policy: Policy, api: ConfigAPI) -> Machine:
-    """Gather the facts without touching TensorFlow's runtime."""
+def inspect_machine(environ: Mapping[str, str], inventory: Inventory, policy: Policy, api: ConfigAPI,
+                    nvml: Nvml | None = None) -> Machine:
+    """Gather the facts without touching TensorFlow's runtime; `nvml` (default: the process's
+    session) is asked for the compute capabilities of the inventory's GPUs."""
     spec = importlib.util.find_spec("tensorflow") if "tensorflow" not in sys.modules else sys.modules["tensorflow"].__spec__
     tf_dir = Path(spec.origin).parent if spec is not None and spec.origin else None
     path_python = shutil.which("python3") or shutil.which("python")
+    distribution = _tf_distribution()
     return Machine(
         environ=environ,
         inventory=inventory,
         policy=policy,
         api=api,
         tf_dir=tf_dir,
-        tf_distribution=_tf_distribution(),
+        tf_distribution=distribution,
         device_nodes=tuple(sorted(str(p) for p in [*Path("/dev").glob("nvidia*"), *Path("/dev").glob("dxg")])),
         python=sys.executable,
         path_python=path_python,
         path_python_has_tf=_has_tensorflow(path_python) if path_python else None,
         nvml_binding=importlib.util.find_spec("pynvml") is not None,
+        cuda_packages=cuda_packages(distribution.split()[0]) if distribution else {},
+        cuda_lib_dirs=_cuda_lib_dirs(),
+        loader_path=_startup_variable(LD_LIBRARY_PATH),
+        loaded_libraries=loaded_cuda_libraries(_read_text("/proc/self/maps")),
+        compute_capabilities=read_compute_capabilities(inventory, nvml),
+        platform=sys.platform,
+        kernel_version=_read_text("/proc/version"),
     )
 
 
@@ -83,6 +122,81 @@ def _tf_distribution() -> str | None:
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
+
+
+def cuda_packages(distribution: str) -> dict[str, str | None]:
+    """The `nvidia-*` packages `distribution`'s `and-cuda` extra requires, each with its installed
+    version (None: missing), from the packages' metadata."""
+    try:
+        requirements = importlib.metadata.requires(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
+        return {}
+    found: dict[str, str | None] = {}
+    for requirement in requirements:
+        name, _, marker = requirement.partition(";")
+        if re.search(rf"extra\s*==\s*['\"]{CUDA_EXTRA}['\"]", marker):
+            package = re.match(r"[A-Za-z0-9._-]+", name.strip())
+            if package and package[0].startswith("nvidia-"):
+                found[package[0]] = _version(package[0])
+    return found
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cuda_lib_dirs() -> tuple[str, ...]:
+    """`nvidia/*/lib` in every folder of the `nvidia` namespace package (found, not imported)."""
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return ()
+    roots = list(spec.submodule_search_locations or ()) if spec is not None else []
+    return tuple(sorted(str(lib) for root in roots for lib in Path(root).glob("*/lib") if lib.is_dir()))
+
+
+def _startup_variable(name: str) -> str | None:
+    """`name` as this process started with it (/proc/self/environ), whatever os.environ says now;
+    None where that cannot be read, '' where it was unset."""
+    try:
+        raw = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        return None
+    prefix = name.encode() + b"="
+    return next((item[len(prefix):].decode(errors="replace") for item in raw.split(b"\0") if item.startswith(prefix)),
+                "")
+
+
+def loaded_cuda_libraries(maps: str) -> tuple[str, ...]:
+    """The CUDA libraries (pip's or the system's) mapped into a process, from its /proc/PID/maps
+    text: TensorFlow found them once they are there."""
+    paths = {fields[5] for fields in (line.split(maxsplit=5) for line in maps.splitlines()) if len(fields) == 6}
+    return tuple(sorted(path for path in paths
+                        if path.startswith("/") and Path(path).name.startswith(CUDA_LIBRARIES) and ".so" in path))
+
+
+def _read_text(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def read_compute_capabilities(inventory: Inventory, nvml: Nvml | None = None) -> dict[int, tuple[int, int]]:
+    """Each GPU's compute capability through the inventory's NVML chokepoint (None-safe)."""
+    if not inventory.available or not inventory.gpus:
+        return {}
+    nvml = nvml or shared_nvml()
+    found = {}
+    for gpu in inventory.gpus:
+        handle = nvml.call("nvmlDeviceGetHandleByIndex", gpu.index)
+        pair = nvml.call("nvmlDeviceGetCudaComputeCapability", handle) if handle is not None else None
+        if isinstance(pair, (tuple, list)) and len(pair) == 2:
+            found[gpu.index] = (int(pair[0]), int(pair[1]))
+    return found
 
 
 def _has_tensorflow(python: str) -> bool | None:
@@ -145,6 +259,153 @@ def _check_tensorflow(m: Machine) -> Check:
                  f"{m.tf_distribution or 'TensorFlow'}, built with CUDA {info.get('cuda_version', '?')}, cuDNN {info.get('cudnn_version', '?')}")
 
 
+def _build_info(m: Machine) -> dict[str, object] | None:
+    """The build facts, None where TensorFlow is missing or its build info unreadable (the
+    TensorFlow check says so)."""
+    if m.tf_dir is None:
+        return None
+    try:
+        return read_build_info(m.tf_dir)
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def tf_version(m: Machine) -> tuple[int, int] | None:
+    """(major, minor) of the installed TensorFlow distribution ("tensorflow 2.21.0" → (2, 21))."""
+    found = re.search(r" (\d+)\.(\d+)", m.tf_distribution or "")
+    return (int(found[1]), int(found[2])) if found else None
+
+
+def _check_platform(m: Machine) -> Check | None:
+    """Native Windows lost TensorFlow's GPU support after 2.10; WSL1 has no GPU; WSL2 has one through
+    /dev/dxg and the Windows driver. Plain Linux says nothing."""
+    version = tf_version(m)
+    if m.platform == "win32":
+        if version is not None and version <= LAST_WINDOWS_GPU:
+            return Check("platform", INFO, f"native Windows with TensorFlow {version[0]}.{version[1]}: its GPU build "
+                         "needs CUDA 11.2 and cuDNN 8.1 installed system-wide")
+        return Check("platform", FAIL, "native Windows: TensorFlow's GPU support ended with 2.10; newer releases "
+                     "run on the CPU only",
+                     "run Jupyter inside WSL2 (Ubuntu) and `pip install 'tensorflow[and-cuda]'` there, or on native "
+                     "Windows `pip install 'tensorflow<2.11'` with CUDA 11.2 and cuDNN 8.1 (Python ≤ 3.10)")
+    if m.platform == "darwin":
+        return Check("platform", FAIL, "macOS has no CUDA: TensorFlow never uses an NVIDIA GPU here",
+                     "for the Apple GPU: `pip install tensorflow-metal`")
+    kernel = m.kernel_version.lower()
+    if "microsoft" not in kernel:
+        return None
+    if "wsl2" not in kernel and "microsoft-standard" not in kernel:
+        return Check("platform", FAIL, "WSL1: it passes no GPU to Linux", "in Windows: `wsl --set-version <distro> 2`")
+    if "/dev/dxg" not in m.device_nodes:
+        return Check("platform", FAIL, "WSL2 without /dev/dxg: Windows passes no GPU to this distribution",
+                     "install the current NVIDIA driver in Windows (it includes WSL support), `wsl --update`, "
+                     "then `wsl --shutdown`; do not install a Linux NVIDIA driver inside WSL")
+    return Check("platform", OK, "WSL2 with a GPU passed through (/dev/dxg); the driver is the Windows one")
+
+
+def _check_cuda_packages(m: Machine) -> Check | None:
+    """TensorFlow ≥ 2.14's `tensorflow[and-cuda]`: every pip `nvidia-*` package present, and the
+    loader able to find them (from 2.16 their folders must be on LD_LIBRARY_PATH at start)."""
+    name = "CUDA libraries (pip)"
+    info = _build_info(m)
+    if info is None:
+        return None
+    if not info.get("is_cuda_build"):
+        return Check(name, INFO, "not needed: a CPU-only TensorFlow loads no CUDA library")
+    if not m.cuda_packages:
+        return None
+    distribution = (m.tf_distribution or "tensorflow").split()
+    pin = f"=={distribution[1]}" if len(distribution) > 1 else ""
+    install = f"pip install '{distribution[0]}[{CUDA_EXTRA}]{pin}'"
+    missing = [package for package, version in m.cuda_packages.items() if version is None]
+    loaded = sorted({Path(path).name for path in m.loaded_libraries})
+    if missing:
+        if loaded:
+            return Check(name, OK, f"{', '.join(missing)} not from pip, but loaded: {', '.join(loaded)}")
+        return Check(name, FAIL, f"{len(missing)} of the {len(m.cuda_packages)} packages of {distribution[0]}"
+                     f"[{CUDA_EXTRA}] not installed: {', '.join(missing)} (needed unless CUDA "
+                     f"{info.get('cuda_version', '?')} and cuDNN {info.get('cudnn_version', '?')} are installed "
+                     "system-wide)", install)
+    have = f"{len(m.cuda_packages)} packages of {distribution[0]}[{CUDA_EXTRA}] installed"
+    if loaded:
+        return Check(name, OK, f"{have}; loaded: {', '.join(loaded)}")
+    version = tf_version(m)
+    if version is not None and version < FINDS_PIP_CUDA_ITSELF:
+        return Check(name, OK, f"{have}; TensorFlow {version[0]}.{version[1]} finds them by itself")
+    at_start = m.loader_path if m.loader_path is not None else m.environ.get(LD_LIBRARY_PATH, "")
+    on_path = {os.path.normpath(entry) for entry in at_start.split(os.pathsep) if entry}
+    absent = [lib for lib in m.cuda_lib_dirs if os.path.normpath(lib) not in on_path]
+    if not absent:
+        return Check(name, OK, f"{have}, their lib folders on {LD_LIBRARY_PATH}" if m.cuda_lib_dirs else have)
+    late = m.loader_path is not None and m.environ.get(LD_LIBRARY_PATH, "") != m.loader_path
+    return Check(name, WARN, f"{have}, but {len(absent)} of their lib folders are not on {LD_LIBRARY_PATH}"
+                 + (" as this process started (it was changed since; the loader reads it only at start)" if late else "")
+                 + ": TensorFlow 2.16+ may then not find them and list no GPU (tensorflow#63362, #65842)",
+                 f"before starting Jupyter (or in the kernelspec's env): export {LD_LIBRARY_PATH}="
+                 f"{os.pathsep.join(absent)}${{{LD_LIBRARY_PATH}:+:${LD_LIBRARY_PATH}}}, then restart the kernel")
+
+
+def parse_architectures(entries: object) -> list[tuple[str, int, int, str]]:
+    """build_info's `cuda_compute_capabilities` ('sm_80', 'compute_90', 'sm_90a') as
+    (kind, major, minor, suffix); kind 'sm' is a binary, 'compute' PTX."""
+    parsed = []
+    for entry in entries if isinstance(entries, (list, tuple)) else ():
+        found = re.fullmatch(r"(sm|compute)_(\d+)(\d)([a-z]?)", str(entry).strip())
+        if found:
+            parsed.append((found[1], int(found[2]), int(found[3]), found[4]))
+    return parsed
+
+
+def _covers(architectures: list[tuple[str, int, int, str]], capability: tuple[int, int]) -> str | None:
+    """How TensorFlow runs on a card of `capability`: 'sm_XY' (a binary of its major version at or
+    below its minor; an 'a' binary only on its exact card), 'compute_XY' (PTX at or below it, compiled
+    by the driver at start), or None (no kernel at all)."""
+    major, minor = capability
+    binaries = [(a, b, s) for kind, a, b, s in architectures if kind == "sm"
+                and a == major and (b == minor if s else b <= minor)]
+    if binaries:
+        a, b, s = max(binaries)
+        return f"sm_{a}{b}{s}"
+    ptx = [(a, b) for kind, a, b, _ in architectures if kind == "compute" and (a, b) <= capability]
+    if ptx:
+        a, b = max(ptx)
+        return f"compute_{a}{b}"
+    return None
+
+
+def _check_compute_capability(m: Machine) -> Check | None:
+    """Each GPU's compute capability against the architectures TensorFlow was built for: new cards
+    an installed TensorFlow has no kernels for (tensorflow#89272, #97387)."""
+    info = _build_info(m)
+    architectures = parse_architectures(info.get("cuda_compute_capabilities")) if info else []
+    if not architectures or not m.compute_capabilities:
+        return None
+    built = ", ".join(f"{kind}_{a}{b}{s}" for kind, a, b, s in architectures)
+    names = {gpu.index: gpu.name for gpu in m.inventory.gpus}
+    cards, fails, jit = [], [], []
+    for index, capability in sorted(m.compute_capabilities.items()):
+        how = _covers(architectures, capability)
+        cards.append(f"GPU {index} ({names.get(index) or '?'}, {capability[0]}.{capability[1]}): {how or 'none'}")
+        (fails if how is None else jit if how.startswith("compute") else []).append(index)
+    detail = f"TensorFlow has kernels for {built}; " + ", ".join(cards)
+    newest = max(m.compute_capabilities.values())
+    wanted = f"compute capability {newest[0]}.{newest[1]}"
+    newer = f"`pip install -U 'tensorflow[{CUDA_EXTRA}]'` if a release is built for {wanted}, else " \
+            f"`pip install 'tf-nightly[{CUDA_EXTRA}]'` or NVIDIA's NGC TensorFlow container"
+    if fails:
+        oldest = min(m.compute_capabilities.values())
+        lowest = min((a, b) for _, a, b, _ in architectures)
+        if oldest < lowest:
+            return Check("GPU architecture", FAIL, detail + f": this TensorFlow needs {lowest[0]}.{lowest[1]} or newer",
+                         "an older TensorFlow built for that card, or TensorFlow built from source for it")
+        return Check("GPU architecture", FAIL, detail + ": TensorFlow cannot run a kernel there", newer)
+    if jit:
+        return Check("GPU architecture", WARN, detail + ": the driver compiles TensorFlow's PTX at the first "
+                     "start (minutes), and it can fail (CUDA_ERROR_INVALID_PTX)",
+                     f"set CUDA_CACHE_MAXSIZE=4294967296 to keep the compiled kernels; for native ones {newer}")
+    return Check("GPU architecture", OK, detail)
+
+
 def _check_nvml(m: Machine) -> Check:
     if not m.inventory.available:
         missing_binding = (m.inventory.error or "").startswith("nvidia-ml-py is not installed")
@@ -158,7 +419,9 @@ def _check_nvml(m: Machine) -> Check:
                  "" if m.inventory.gpus else "NVML works but lists no GPU: check the host and the container's --gpus")
 
 
-def _check_device_nodes(m: Machine) -> Check:
+def _check_device_nodes(m: Machine) -> Check | None:
+    if m.platform != "linux":
+        return None  # /dev/nvidiaN is Linux's; the platform check speaks for Windows and macOS
     if any(node.rstrip("0123456789").endswith("/dev/nvidia") and node[-1].isdigit() for node in m.device_nodes):
         return Check("device nodes", OK, ", ".join(m.device_nodes))
     if "/dev/dxg" in m.device_nodes:
@@ -279,8 +542,11 @@ def _check_gpu_order(m: Machine) -> Check | None:
 
 
 CHECKS: tuple[Callable[[Machine], Check | None], ...] = (
+    _check_platform,
     _check_tensorflow,
+    _check_cuda_packages,
     _check_nvml,
+    _check_compute_capability,
     _check_device_nodes,
     _check_cuda_visible,
     _check_device_order,
@@ -304,6 +570,12 @@ def summary(checks: list[Check]) -> str:
 def report_text(checks: list[Check]) -> str:
     """The checks, one block each, then the closing sentence: the doctor's plain-text form."""
     return "\n".join([c.render() for c in checks] + ["", summary(checks)])
+
+
+def report_json(checks: list[Check]) -> str:
+    """The checks as data: a JSON list of {check, verdict, detail, fix} (`%tfgpu doctor --json`)."""
+    return json.dumps([{"check": c.name, "verdict": c.verdict, "detail": c.detail, "fix": c.fix} for c in checks],
+                      indent=2, ensure_ascii=False)
 
 
 def report(machine: Machine) -> str:

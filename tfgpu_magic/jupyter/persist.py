@@ -32,7 +32,7 @@ PENDING_PREFIX = "tfgpu-pending-"
 STALE_SECONDS = 24 * 3600
 """A pending file older than this is removed even if its kernel's connection file is still there
 (a server that died without cleaning up)."""
-_SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
+_SAFE_ID = r"[^A-Za-z0-9_.-]"
 
 
 def runtime_dir() -> Path:
@@ -81,7 +81,7 @@ def read_policy(path: Path) -> Policy | None:
 # ----- pending policies: one per kernel, across one restart ---------------------------------------
 def pending_path(kernel_key: str, directory: Path | None = None) -> Path:
     """Where the pending policy of the kernel `kernel_key` (`startup.kernel_key`) is kept."""
-    return (directory or runtime_dir()) / f"{PENDING_PREFIX}{_SAFE_ID.sub('_', kernel_key)}.json"
+    return (directory or runtime_dir()) / f"{PENDING_PREFIX}{re.sub(_SAFE_ID, '_', kernel_key)}.json"
 
 
 def store_pending(

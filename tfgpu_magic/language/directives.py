@@ -259,8 +259,8 @@ REGISTRY: tuple[Directive, ...] = (
     ),
     Directive(
         "doctor", "action",
-        (Form("%tfgpu doctor", "why TensorFlow does (not) see a GPU (below)"),),
-        examples=("doctor",),
+        (Form("%tfgpu doctor [--json]", "why TensorFlow does (not) see a GPU (below)"),),
+        options=(Option("--json", None, "the checks as JSON"),), examples=("doctor",),
     ),
     Directive(
         "memory", "action",

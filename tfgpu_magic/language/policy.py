@@ -25,7 +25,10 @@ MAX_GPU_ENTRIES = MAX_GPU_INDEX + 1
 MAX_UUID_CHARS = 80
 """Longest GPU/MIG UUID accepted: `MIG-GPU-<36>/<gi>/<ci>` is about 55 characters."""
 
-_UUID = re.compile(r"(GPU|MIG)-[0-9A-Za-z][0-9A-Za-z/-]*", re.IGNORECASE | re.ASCII)
+_UUID = re.compile(r"(GPU|MIG)-(GPU-)?[0-9a-f][0-9a-f-]*(/[0-9]+){0,2}", re.IGNORECASE | re.ASCII)
+"""NVML's forms: `GPU-<hex uuid>`, `MIG-<hex uuid>`, the older `MIG-GPU-<hex uuid>/<gi>/<ci>`, and their
+prefixes. Hex only: a typo such as `GPU-xyz` would otherwise reach `CUDA_VISIBLE_DEVICES` and hide
+every GPU."""
 _MAX_DIGITS = 18
 """Longest whole number (after leading zeros) ever turned into an `int`: far below Python's
 4,300-digit limit, far above any count, index or MiB this tool accepts."""

@@ -109,9 +109,9 @@ def is_hook(finder: object) -> bool:
 SEVERITIES = ("debug", "info", "warning", "error", "fatal")
 """Lowest first; the policy's `loglevel` names the lowest one still shown."""
 
-_GLOG = re.compile(r"([IWEF])\d{4} [\d:.]+ +\d+ [^\]\s]+\] ")
+_GLOG = r"([IWEF])\d{4} [\d:.]+ +\d+ [^\]\s]+\] "
 """A C++ (glog/absl) or absl-Python log line: severity letter, date, time, thread, file:line]."""
-_PY_LOG = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL):(tensorflow|absl)\b")
+_PY_LOG = r"(DEBUG|INFO|WARNING|ERROR|CRITICAL):(tensorflow|absl)\b"
 """A line of Python `logging`'s basic format from TensorFlow's or absl's logger."""
 PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 """absl's notice before its logging is set up: says where the lines go, not that anything is wrong."""
@@ -132,10 +132,10 @@ def severity(line: str) -> str | None:
     """The severity of a log line, None for a line that is not recognisably one."""
     if line.strip() == PREAMBLE:
         return "info"
-    glog = _GLOG.match(line)
+    glog = re.match(_GLOG, line)  # patterns kept as text: compiled (and cached by `re`) only when used
     if glog:
         return _LETTERS[glog.group(1)]
-    python = _PY_LOG.match(line)
+    python = re.match(_PY_LOG, line)
     return _PY_NAMES[python.group(1)] if python else None
 
 

@@ -10,6 +10,11 @@ Why `post_run_cell` and not `set_custom_exc`: IPython shows the traceback itself
 shell's single custom-exception slot stays free for other tools; and an OOM in the very cell that
 imports TensorFlow is caught too (the exception class does not exist before the import).
 
+The same hook recognises cuDNN / cuBLAS start-up failures by their message (any exception type:
+TensorFlow raises them as UnknownError, InternalError, NotFoundError ...). They are usually memory
+contention, not a broken install (tensorflow#24828, #36025): the library could not allocate its
+workspace because another process, or this one's pool, holds the card; one `tfgpu:` line says so.
+
 Why clearing frames is not enough: IPython keeps the exception (`sys.last_value`,
 `sys.last_traceback`, `shell.last_execution_result`, the formatter's `tb`), and on Python ≤ 3.12 a
 frame's `f_locals` snapshot, taken by the traceback formatter, still holds the locals after
@@ -46,6 +51,36 @@ class OomSettings:
 
 
 settings = OomSettings()
+
+
+DNN_STARTUP_FAILURES = (
+    "could not create cudnn handle",
+    "cudnn_status_internal_error",
+    "cudnn_status_not_initialized",
+    "cudnn_status_alloc_failed",
+    "cublas_status_not_initialized",
+    "cublas_status_alloc_failed",
+    "failed to create cublas handle",
+    "cudnn failed to initialize",
+    "blas gemm launch failed",
+)
+"""Lower-case fragments of TensorFlow's cuDNN / cuBLAS start-up errors that out-of-memory causes."""
+DNN_STARTUP_HINT = ("tfgpu: cuDNN/cuBLAS could not start, which usually means the GPU's memory is taken (another "
+                    "process, or this one's pool grabbed it all): `%tfgpu who` shows who holds it; `%tfgpu growth on` "
+                    "then `%tfgpu restart` lets TensorFlow take only what it needs.")
+
+
+def is_dnn_startup_failure(error: BaseException) -> bool:
+    """A cuDNN / cuBLAS start-up error, by its message or that of its cause or context."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = str(getattr(current, "message", None) or current).lower()
+        if any(fragment in text for fragment in DNN_STARTUP_FAILURES):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def is_oom(error: BaseException | None) -> bool:
@@ -137,7 +172,8 @@ def explain(error: BaseException, controller: MemorySource, api: MemoryAPI | Non
 
 @dataclass
 class OomHook:
-    """The `post_run_cell` callback: explain a cell's OOM, then release its frames (if `settings`)."""
+    """The `post_run_cell` callback: explain a cell's OOM, then release its frames (if `settings`);
+    after a cuDNN / cuBLAS start-up failure, the one hint line."""
 
     controller: MemorySource
     api: MemoryAPI | None = None
@@ -147,7 +183,11 @@ class OomHook:
 
     def __call__(self, result: Any) -> None:
         error = getattr(result, "error_in_exec", None)
+        if error is None:
+            return
         if not is_oom(error):
+            if is_dnn_startup_failure(error):
+                print(DNN_STARTUP_HINT, file=self.out or sys.stderr)
             return
         try:
             lines = explain(error, self.controller, self.api, self.peak_from_cell())

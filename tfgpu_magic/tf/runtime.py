@@ -577,17 +577,20 @@ def merge_session_config(user: Any | None, policy: Any | None, api: ConfigAPI) -
         return (policy if user is None else user), None
     merged = api.new_session_config()
     merged.CopyFrom(user)
-    warning = None
+    wins = []
     wanted = policy.gpu_options.ListFields()
     if wanted and not user.gpu_options.ListFields():
         merged.gpu_options.CopyFrom(policy.gpu_options)
     elif wanted and user.gpu_options != policy.gpu_options:
         names = ", ".join(f.name for f, _ in user.gpu_options.ListFields())
-        warning = (f"the config's own gpu_options ({names}) win over the policy's for the GPU devices it creates; "
-                   "they stay fixed until restart")
+        wins.append(f"the config's own gpu_options ({names}) win over the policy's for the GPU devices it "
+                    "creates; they stay fixed until restart")
     if "CPU" in policy.device_count and "CPU" not in user.device_count:
         merged.device_count["CPU"] = policy.device_count["CPU"]
-    return merged, warning
+    elif "CPU" in policy.device_count and user.device_count["CPU"] != policy.device_count["CPU"]:
+        wins.append(f"the config's own CPU device count ({user.device_count['CPU']}) wins over the policy's "
+                    f"({policy.device_count['CPU']}) in this session")
+    return merged, "; ".join(wins) or None
 
 
 WRAPPED = "__tfgpu_original__"

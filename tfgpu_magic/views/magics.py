@@ -13,7 +13,17 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_exp
 from traitlets import Bool, List, Unicode, observe
 
 from ..errors import PolicyError
-from ..language.directives import help_text
+
+SUMMARY = "Control TensorFlow's GPUs from a notebook, before and after `import tensorflow`."
+
+
+def full_help() -> str:
+    """The `%tfgpu?` text, built from the registry of directives when asked (so it cannot drift from
+    what parses, and `%load_ext` does not build it)."""
+    from ..language.directives import help_text
+
+    return help_text(SUMMARY)
+
 
 if TYPE_CHECKING:
     from ..controller import Controller
@@ -70,8 +80,8 @@ class TFGPUMagics(Magics):
         except PolicyError as err:
             raise UsageError(str(err)) from None
 
-    # `%tfgpu?` lists the registry of directives, so the help cannot drift from what parses.
-    tfgpu.__doc__ = help_text("Control TensorFlow's GPUs from a notebook, before and after `import tensorflow`.")
+    tfgpu.__doc__ = SUMMARY + "\n\n`%tfgpu?` lists every directive."
+    tfgpu.getdoc = lambda: full_help()  # type: ignore[attr-defined]  # what IPython's `?` asks first
 
 
 def load(shell: Any) -> TFGPUMagics:

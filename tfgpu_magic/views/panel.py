@@ -18,33 +18,91 @@ from typing import Any, Callable
 
 from ..controller import Controller, GpuRow, get_controller
 from ..errors import PolicyError
+from ..gpus.inventory import Gpu
 from ..jupyter.restart import TO_DO_FRONTEND
 from ..language.grammar import default_edit
 from ..language.policy import LOGLEVELS
 from ..tf import initcell
+from ..tf.memory import mib_text
 from .results import OK_COLOR, WARN_COLOR, badge
 from .status import describe_report
 
 REFRESH_SECONDS = 2.0
 LOCKED_REASON = "TensorFlow is initialized: edits below are recorded and apply with Restart kernel and apply"
 BAR_CSS = (
-    "display:inline-block;width:160px;height:10px;border-radius:3px;vertical-align:middle;"
+    "display:inline-flex;width:90px;height:10px;border-radius:3px;vertical-align:middle;"
     "background:var(--jp-layout-color3, #ddd);overflow:hidden"
 )
+YOU_COLOR = "var(--jp-accent-color1, #388e3c)"
+OTHERS_COLOR = "var(--jp-brand-color1, #1976d2)"
+CELL_CSS = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;font-variant-numeric:tabular-nums"
+COLUMNS = (("GPU", "52px"), ("card", "175px"), ("memory", "192px"), ("busy", "70px"),
+           ("processes", "220px"), ("visible", "52px"), ("limit", "96px"), ("split", "104px"))
+"""The GPU table's columns (one grid, so every card's row lines up like nvitop's table)."""
 TF_DEFAULT = {name: default_edit(name) for name in ("growth", "allocator")}
 """The grammar's edits back to TensorFlow's default for the dropdowns' "TF default"."""
 
 
-def memory_bar(row: GpuRow) -> str:
-    """An HTML bar of used/total memory, themed with JupyterLab's CSS variables."""
+def _cell(text: str, title: str = "") -> str:
+    tip = f" title='{html.escape(title, quote=True)}'" if title else ""
+    return f"<div style='{CELL_CSS}'{tip}>{text}</div>"
+
+
+def gib_pair(used_mib: int, total_mib: int) -> str:
+    """Used / total as people read a card: `20.0 / 80 GiB` (MiB on cards under 1 GiB)."""
+    if total_mib < 1024:
+        return f"{used_mib} / {total_mib} MiB"
+    total = f"{total_mib // 1024}" if total_mib % 1024 == 0 else f"{total_mib / 1024:.1f}"
+    return f"{used_mib / 1024:.1f} / {total} GiB"
+
+
+def own_mib(gpu: Gpu | None) -> int:
+    """MiB this kernel's process holds on `gpu` (NVML's process list; 0 when absent or unknown)."""
+    return sum(p.used_mib or 0 for p in gpu.processes if p.is_self) if gpu is not None else 0
+
+
+def memory_bar(row: GpuRow, gpu: Gpu | None = None) -> str:
+    """A bar of used/total memory, this kernel's share in its own colour, and `20.0 / 80 GiB`;
+    themed with JupyterLab's CSS variables."""
     if row.total_mib is None or row.used_mib is None:
-        return "<span style='opacity:.7'>memory: unknown</span>"
-    pct = 100 * row.used_mib / max(row.total_mib, 1)
-    fill = f"width:{pct:.0f}%;height:100%;background:var(--jp-brand-color1, #1976d2)"
-    return (
-        f"<span style='{BAR_CSS}'><span style='display:block;{fill}'></span></span>"
-        f" <span style='font-variant-numeric:tabular-nums'>{row.used_mib:,} / {row.total_mib:,} MiB</span>"
-    )
+        return _cell("<span style='opacity:.7'>memory unknown</span>")
+    total = max(row.total_mib, 1)
+    mine = min(own_mib(gpu), row.used_mib)
+    segments = "".join(f"<span style='display:block;width:{100 * mib / total:.1f}%;min-width:3px;height:100%;"
+                       f"background:{color}'></span>"
+                       for mib, color in ((mine, YOU_COLOR), (row.used_mib - mine, OTHERS_COLOR)) if mib > 0)
+    return _cell(f"<span style='{BAR_CSS}'>{segments}</span> {gib_pair(row.used_mib, row.total_mib)}",
+                 f"{row.used_mib:,} of {row.total_mib:,} MiB used")
+
+
+def busy_text(gpu: Gpu | None) -> str:
+    """NVML's utilization as `35% busy`; a dash when NVML does not say."""
+    if gpu is None or gpu.utilization_pct is None:
+        return _cell("<span style='opacity:.6'>–</span>", "utilization unknown")
+    return _cell(f"{gpu.utilization_pct}% busy")
+
+
+def processes_text(gpu: Gpu | None) -> str:
+    """Who holds the card: this kernel's share first (`you: 1.0 GiB`), then the other processes."""
+    if gpu is None:
+        return _cell("")
+    others = [p for p in gpu.processes if not p.is_self]
+    mine = len(others) < len(gpu.processes)
+    parts = [f"<b style='color:{YOU_COLOR}'>you: {mib_text(own_mib(gpu))}</b>"] if mine else []
+    if others:
+        held = sum(p.used_mib or 0 for p in others)
+        parts.append(f"{len(others)} other{'s' if len(others) > 1 else ''}: {mib_text(held)}")
+    title = ", ".join(f"pid {p.pid}{' (this kernel)' if p.is_self else ''}: {mib_text(p.used_mib)}"
+                      for p in gpu.processes)
+    return _cell(" · ".join(parts) or "<span style='opacity:.6'>no processes</span>", title)
+
+
+def card_text(row: GpuRow, gpu: Gpu | None) -> str:
+    """The card's name without the vendor prefix, and its MIG instances when it is split."""
+    name = row.name.removeprefix("NVIDIA ")
+    migs = len(gpu.mig_devices) if gpu is not None else 0
+    mig = f" <span style='opacity:.7'>· MIG ×{migs}</span>" if migs else ""
+    return _cell(f"{html.escape(name)}{mig}", row.name)
 
 
 def _size_text(mib: int) -> str:
@@ -95,16 +153,18 @@ class Panel:
         self.loglevel = w.Dropdown(options=[("TF default", "off"), *((level, level) for level in LOGLEVELS)],
                                    description="Log level",
                                    style={"description_width": "90px"})
-        self.cpus = w.BoundedIntText(min=0, max=64, description="CPU devices",
-                                     tooltip="logical CPU devices (0: TensorFlow's default)",
-                                     style={"description_width": "90px"}, layout=w.Layout(width="170px"))
-        self.visible = {row.ref: w.Checkbox(description="visible", indent=False, layout=w.Layout(width="80px"))
+        self.cpus = w.Text(placeholder="TF default", description="CPU devices", continuous_update=False,
+                           style={"description_width": "90px"}, layout=w.Layout(width="190px"))
+        self.visible = {row.ref: w.Checkbox(indent=False, layout=w.Layout(width="auto"))
                         for row in self.rows}
-        self.limits = {row.ref: w.Text(placeholder="no limit", layout=w.Layout(width="100px"),
+        self.limits = {row.ref: w.Text(placeholder="no limit", layout=w.Layout(width="auto"),
                                        continuous_update=False) for row in self.rows}
-        self.splits = {row.ref: w.Text(placeholder="no split", layout=w.Layout(width="110px"),
+        self.splits = {row.ref: w.Text(placeholder="no split", layout=w.Layout(width="auto"),
                                        continuous_update=False) for row in self.rows}
-        self.bars = {row.ref: w.HTML(memory_bar(row)) for row in self.rows}
+        self.bars = {row.ref: w.HTML() for row in self.rows}
+        self.busy = {row.ref: w.HTML() for row in self.rows}
+        self.holders = {row.ref: w.HTML() for row in self.rows}
+        self._shown_in: int | None = None
         self.apply_button = w.Button(description="Apply", icon="check", layout=w.Layout(width="auto"))
         self.restarts = restarts
         self.restart_button = w.Button(
@@ -120,16 +180,19 @@ class Panel:
         self.output = w.Output()
         self.who = who
         self.who_text = w.HTML()
+        self.figures = w.HTML()
         self.who_section = w.Accordion(children=[self.who_text], selected_index=None)
         self.who_section.set_title(0, "Who holds the GPUs")
         self.who_section.layout.display = "" if who is not None else "none"
-        self.widget = w.VBox([self.header, self._gpu_box(), w.HBox([self.growth, self.allocator, self.loglevel, self.cpus]),
+        self.table = self._gpu_box()
+        self.widget = w.VBox([self.header, self.table, w.HBox([self.growth, self.allocator, self.loglevel, self.cpus]),
                               w.HBox([self.apply_button, self.restart_button, self.confirm_button,
                                       self.cancel_button, self.export_button, self.reset_button, self.live]),
-                              self.who_section, self.error, self.output],
+                              self.figures, self.who_section, self.error, self.output],
                              layout=w.Layout(border="1px solid var(--jp-border-color2, #ccc)", padding="6px"))
         self._wire()
         self.sync()
+        self.refresh_memory()
         self.controller.subscribe(self._on_controller_change)
 
     # ----- layout --------------------------------------------------------------------------
@@ -137,12 +200,17 @@ class Panel:
         w = self.w
         if not self.rows:
             return w.HTML(f"<i>{html.escape(self.no_gpu_reason)}</i>")
-        lines = [w.HBox([w.HTML(f"<b>GPU {row.ref}</b> {html.escape(row.name)}", layout=w.Layout(width="220px")),
-                         self.bars[row.ref], self.visible[row.ref],
-                         w.HTML("limit", layout=w.Layout(width="32px")), self.limits[row.ref],
-                         w.HTML("split", layout=w.Layout(width="32px")), self.splits[row.ref]])
-                 for row in self.rows]
-        return w.VBox(lines)
+        gpus = {gpu.ref: gpu for gpu in self.controller.inventory().gpus}
+        cells = [w.HTML(_cell(f"<span style='opacity:.7'>{title}</span>")) for title, _ in COLUMNS]
+        for row in self.rows:
+            cells += [w.HTML(_cell(f"<b>GPU {row.ref}</b>")), w.HTML(card_text(row, gpus.get(row.ref))),
+                      self.bars[row.ref], self.busy[row.ref], self.holders[row.ref], self.visible[row.ref],
+                      self.limits[row.ref], self.splits[row.ref]]
+        for cell in cells:
+            cell.layout.margin = "0"
+        return w.GridBox(cells, layout=w.Layout(
+            grid_template_columns=" ".join(width for _, width in COLUMNS), grid_gap="2px 8px",
+            align_items="center", margin="4px 0", overflow="auto"))
 
     def _wire(self) -> None:
         self.who_section.observe(lambda c: self.refresh_who(), "selected_index")
@@ -151,7 +219,8 @@ class Panel:
         self.allocator.observe(lambda c: self._edit(f"allocator {c['new']}" if c["new"] != "default"
                                                     else None, "allocator"), "value")
         self.loglevel.observe(lambda c: self._edit(f"loglevel {c['new']}"), "value")
-        self.cpus.observe(lambda c: self._edit(f"split cpu {c['new']}" if c["new"] else "split off cpu"), "value")
+        self.cpus.observe(lambda c: self._edit(f"split cpu {c['new'].strip()}" if c["new"].strip()
+                                               else "split off cpu"), "value")
         for ref in self.visible:
             self.visible[ref].observe(lambda c: self._edit(self._visible_directive()), "value")
             self.limits[ref].observe(lambda c, ref=ref: self._edit(self._limit_directive(ref, c["new"])), "value")
@@ -217,7 +286,7 @@ class Panel:
             self.growth.value = "default" if policy.growth is None else ("on" if policy.growth else "off")
             self.allocator.value = policy.allocator or "default"
             self.loglevel.value = policy.loglevel or "off"
-            self.cpus.value = policy.cpu_devices or 0
+            self.cpus.value = str(policy.cpu_devices or "")
             for ref, gpu in self.controller.gpu_settings(self.visible).items():
                 self.visible[ref].value = gpu.visible
                 self.limits[ref].value = limit_text(gpu.limit_mib)
@@ -251,16 +320,23 @@ class Panel:
             self.who_text.value = f"<pre style='margin:0'>{html.escape(self.who())}</pre>"
 
     def refresh_memory(self) -> None:
-        """Re-read GPU memory (NVML) into the bars; with live memory ticked, TensorFlow's figures and
-        the cap too (`%tfgpu memory`'s, never initializing TensorFlow)."""
+        """Re-read memory, utilization and processes (NVML) into the rows; with live memory ticked,
+        TensorFlow's figures and the cap too (`%tfgpu memory`'s, never initializing TensorFlow), under
+        the table."""
         from ..tf.memory import memory, summary
 
         rows, _ = self.controller.gpus()
+        gpus = {gpu.ref: gpu for gpu in self.controller.inventory().gpus}
         figures = {row["gpu"]: summary(row) for row in memory(self.controller)} if self.live.value else {}
         for row in rows:
             if row.ref in self.bars:
-                extra = f" <span style='opacity:.8'>{html.escape(figures[row.ref])}</span>" if row.ref in figures else ""
-                self.bars[row.ref].value = memory_bar(row) + extra
+                gpu = gpus.get(row.ref)
+                self.bars[row.ref].value = memory_bar(row, gpu)
+                self.busy[row.ref].value = busy_text(gpu)
+                self.holders[row.ref].value = processes_text(gpu)
+        self.figures.value = "".join(f"<div style='{CELL_CSS};opacity:.8'>GPU {html.escape(ref)}: "
+                                     f"{html.escape(text)}</div>"
+                                     for ref, text in figures.items())
 
     def set_live(self, on: bool) -> None:
         """Start or stop the live memory refresh; nothing runs while it is off."""
@@ -284,6 +360,14 @@ class Panel:
         with self.output:
             print(text)
 
+    def _ipython_display_(self) -> None:
+        """As a cell's value (`tfgpu_magic.panel()` last in a cell) the panel adds nothing where it was
+        just shown; in a later cell it shows its widget again."""
+        from IPython.display import display
+
+        if self.shell is None or getattr(self.shell, "execution_count", None) != self._shown_in:
+            display(self.widget)
+
     def close(self) -> None:
         """Stop refreshing, stop listening, close the widgets."""
         self.set_live(False)
@@ -295,9 +379,11 @@ _open_panels: list[Panel] = []
 
 
 def refresh_open_panels(*_: Any) -> None:
-    """post_run_cell hook, registered only while a panel is open: TF's state may have changed."""
+    """post_run_cell hook, registered only while a panel is open: TF's state, and who holds which GPU
+    memory (NVML, cached for a couple of seconds), may have changed."""
     for panel in list(_open_panels):
         panel.sync()
+        panel.refresh_memory()
 
 
 def show_panel(controller: Controller, shell: Any, restart: Callable[[], str] | None, restarts: bool,
@@ -320,4 +406,5 @@ def show_panel(controller: Controller, shell: Any, restart: Callable[[], str] | 
 
     panel.widget.observe(lambda change: forget(change) if change["new"] is None else None, "comm")
     display(panel.widget)
+    panel._shown_in = getattr(shell, "execution_count", None)
     return panel
