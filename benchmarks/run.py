@@ -451,7 +451,7 @@ def hooks_left(bench: Bench) -> Row:
     r = fresh(bench, HOOKS_LEFT)
     extra = [name for name in r["left"] if name != "OomHook"]
     value = float(r["before_import"] + r["after_watch_off"] + len(extra) + (r["known"] is None))
-    return Row("cell hooks left over", value, None, value, 0, unit="",
+    return Row("cell hooks left (besides the OOM check)", value, None, value, 0, unit="",
                note=f"initialized {r['known']}; left: {', '.join(r['left']) or 'none'}")
 
 
