@@ -266,6 +266,15 @@ EMPTY_CELL_PAIRS_FACTOR = 5
 """A sample is a fraction of a second and the target is 1 %: take more pairs than elsewhere."""
 
 
+def seconds_per_empty_cell(shell: Any, cells: int) -> float:
+    """Mean seconds of one empty cell over `cells` cells, after a garbage collection."""
+    gc.collect()
+    start = time.perf_counter()
+    for _ in range(cells):
+        shell.run_cell("pass", store_history=False)
+    return (time.perf_counter() - start) / cells
+
+
 def empty_cell_overhead(bench: Bench) -> Row:
     """`run_cell("pass")` with the extension loaded and a policy set / without, in this process.
 
@@ -286,11 +295,7 @@ def empty_cell_overhead(bench: Bench) -> Row:
 
     def sample(which: str) -> float:
         _restore(shell, loaded if which == "measured" else without)
-        gc.collect()
-        start = time.perf_counter()
-        for _ in range(bench.cells):
-            shell.run_cell("pass", store_history=False)
-        return (time.perf_counter() - start) / bench.cells
+        return seconds_per_empty_cell(shell, bench.cells)
 
     baseline, measured = paired(sample, pairs)
     _restore(shell, loaded)
@@ -418,11 +423,7 @@ def watch_cell_overhead(bench: Bench) -> Row:
     def sample(which: str) -> float:
         with contextlib.redirect_stdout(io.StringIO()):
             shell.run_line_magic("tfgpu", "watch on" if which == "measured" else "watch off")
-        gc.collect()
-        start = time.perf_counter()
-        for _ in range(bench.cells):
-            shell.run_cell("pass", store_history=False)
-        return (time.perf_counter() - start) / bench.cells
+        return seconds_per_empty_cell(shell, bench.cells)
 
     baseline, measured = paired(sample, pairs)
     with contextlib.redirect_stdout(io.StringIO()):
