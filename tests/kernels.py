@@ -22,7 +22,7 @@ import pytest
 from jupyter_client import AsyncKernelManager, BlockingKernelClient, KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
-from tfgpu_magic.tf.plan import OUR_ENV
+from tfgpu_magic.tf.envvars import NAMES as OUR_ENV
 
 KERNEL_NAME = "tfgpu-test-python"
 STARTUP_TIMEOUT = 60

@@ -47,6 +47,8 @@ from jupyter_client import BlockingKernelClient, KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 from kernels import CELL_TIMEOUT, QUIET_ENV, CellResult, Kernel
 
+from tfgpu_magic.gpus.processes import alive
+
 
 STARTUP_TIMEOUT = 60.0
 """Seconds for a server to answer /api/status, or a kernel its first kernel_info request."""
@@ -80,12 +82,8 @@ def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: 
 
 def pid_alive(pid: int) -> bool:
     """True while process `pid` exists and is not a zombie (a zombie has finished running)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not alive(pid):
         return False
-    except PermissionError:
-        return True
     try:
         stat = Path(f"/proc/{pid}/stat").read_text(encoding="ascii")
     except FileNotFoundError:

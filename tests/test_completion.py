@@ -17,7 +17,7 @@ from fake_nvml import FakeNvml, four_gpus
 from tfgpu_magic.views import completion
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog, Nvml, read_inventory
-from tfgpu_magic.tf.plan import OUR_ENV
+from tfgpu_magic.tf.envvars import NAMES as OUR_ENV
 
 
 def complete(shell, text: str) -> list[str]:  # noqa: ANN001

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
 CPU_COUNT = "len(__import__('tensorflow').config.list_logical_devices('CPU'))"
 POLICY = "__import__('tfgpu_magic').current_policy().to_dict()"
 HOOK_ARMED = "__import__('tfgpu_magic.tf.importhook').tf.importhook.is_armed()"
-ENV_PROBE = "{k: __import__('os').environ.get(k) for k in __import__('tfgpu_magic.tf.plan').tf.plan.OUR_ENV}"
+ENV_PROBE = "{k: __import__('os').environ.get(k) for k in __import__('tfgpu_magic.tf.envvars').tf.envvars.NAMES}"
 
 EMPTY_POLICY = {"visible": None, "growth": None, "limits": {}, "splits": {}, "cpu_devices": None, "allocator": None,
                 "loglevel": None}

@@ -29,7 +29,7 @@ from tfgpu_magic.language.directives import ACTIONS, REGISTRY
 from tfgpu_magic.language.grammar import split_words
 from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog
 from tfgpu_magic.views.magics import TFGPUMagics
-from tfgpu_magic.tf.plan import OUR_ENV
+from tfgpu_magic.tf.envvars import NAMES as OUR_ENV
 from tfgpu_magic.language.policy import Policy
 
 NO_NVML = "no NVML in these tests"

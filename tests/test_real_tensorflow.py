@@ -17,7 +17,7 @@ from kernels import QUIET_ENV, quiet_env, tensorflow_stays_out_of_pytest  # noqa
 
 from tfgpu_magic.tf.export import export
 from tfgpu_magic.language.grammar import parse_line
-from tfgpu_magic.tf.plan import OUR_ENV
+from tfgpu_magic.tf.envvars import NAMES as OUR_ENV
 from tfgpu_magic.language.policy import Policy
 
 pytestmark = pytest.mark.tensorflow

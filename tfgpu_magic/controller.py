@@ -196,12 +196,16 @@ class Controller:
         With `probe` (about to apply; the `CUDA_*` variables are already set), or once CUDA started
         anyway, it asks TensorFlow whether a logical-device configuration is already recorded."""
         state = state or self.state()
-        may_look = state.devices_listed or (probe and state.imported and self.policy.growth is True)
-        recorded = may_look and any_logical_recorded(self.api)  # only growth's route depends on it
+        recorded = self._may_look(state, probe) and any_logical_recorded(self.api)
         inherited = self.environ.get(CUDA_VISIBLE_DEVICES) if state.cuda_fixed else self._inherited_cvd()
         plan = build_plan(self.policy, inherited, cuda_started=state.cuda_fixed, aliases=self._aliases(self.policy),
                           logical_recorded=recorded)
         return dataclasses.replace(plan, locked_env=tuple(self._locked_env(plan, state)))
+
+    def _may_look(self, state: RuntimeState, probe: bool) -> bool:
+        """Whether `plan` asks TensorFlow for a recorded logical configuration (only growth's route
+        depends on it)."""
+        return state.devices_listed or (probe and state.imported and self.policy.growth is True)
 
     def _aliases(self, policy: Policy) -> dict[str, str] | None:
         """UUID → index from the inventory, read only when `policy` names a GPU by UUID."""
@@ -230,8 +234,9 @@ class Controller:
 
             on_tensorflow_import(self)  # TensorFlow was imported before the extension: once, idempotent
             install_routes(self.api, self._route_config)
-            plan = self.plan(state, probe=True)
-            env_applied += self._sync_env(plan, state)
+            if self._may_look(state, True) != self._may_look(state, False):  # else the same plan again
+                plan = self.plan(state, probe=True)
+                env_applied += self._sync_env(plan, state)
             report = apply_plan(plan, self.api)
         else:
             importhook.arm(self._on_import)
@@ -277,16 +282,11 @@ class Controller:
                 diff.append((name, self.environ.get(name), target))
         return diff
 
-    @staticmethod
-    def _too_late(name: str, state: RuntimeState) -> str | None:
-        """Why TensorFlow or CUDA no longer reads `name`, None while it still does (`envvars.TABLE`)."""
-        return too_late(name, state)
-
     def _locked_env(self, plan: Plan, state: RuntimeState) -> list[tuple[str, str | None, str | None, str]]:
         """The plan's variable changes that can no longer take effect (restoring one is never locked)."""
         wanted = plan.env_map
         return [(name, current, target, why) for name, current, target in self._env_diff(plan)
-                if name in wanted and (why := self._too_late(name, state))]
+                if name in wanted and (why := too_late(name, state))]
 
     def _sync_env(self, plan: Plan, state: RuntimeState) -> list[str]:
         """Set our variables as the plan says, restore those it no longer needs; returns what changed.
@@ -297,7 +297,7 @@ class Controller:
             importhook.quiet(plan.loglevel)
         changed = []
         for name, current, target in self._env_diff(plan):
-            if self._too_late(name, state):
+            if too_late(name, state):
                 continue
             self._original_env.setdefault(name, current)
             if target is None:
@@ -326,7 +326,7 @@ def configure(*directives: str) -> ApplyReport:
     if not all(directive.strip() for directive in directives):
         raise PolicyError("configure() got an empty directive; give each as text, e.g. configure(\"growth on\")")
     controller = get_controller()
-    report = controller.set_policy(controller.edit_policy(directives))
+    report = controller.edit(controller.parse(directive) for directive in directives)
     if not report.ok:
         import warnings
 

@@ -9,6 +9,7 @@ from ..language.policy import MAX_WHOLE, is_uuid, whole_number
 _BLANKS = " \t"
 """What CUDA skips around an entry; a newline is not among them (`GPU-abc\n` is no UUID)."""
 
+
 @dataclass(frozen=True)
 class CudaVisible:
     """The entries CUDA will use, and the first entry it stopped at (everything after is ignored)."""

@@ -15,9 +15,9 @@ import json
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from .. import safefile
 from ..errors import PolicyError
@@ -86,22 +86,29 @@ def _live(reservation: Reservation) -> bool:
     return alive(reservation.launcher_pid) and (reservation.kernel_pid is None or alive(reservation.kernel_pid))
 
 
-def current(directory: Path) -> list[Reservation]:
-    """The live reservations (those of ended kernels are left out)."""
+def _all(directory: Path) -> list[Reservation]:
     try:
         paths = sorted(directory.glob(f"{PREFIX}*{SUFFIX}"))
     except OSError:
         return []
-    found = [r for r in (_read(p) for p in paths) if r is not None]
-    return [r for r in found if _live(r)]
+    return [r for r in (_read(p) for p in paths) if r is not None]
 
 
-def _prune(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        for path in directory.glob(f"{PREFIX}*{SUFFIX}"):
-            reservation = _read(path)
-            if reservation is not None and not _live(reservation):
-                path.unlink(missing_ok=True)
+def current(directory: Path) -> list[Reservation]:
+    """The live reservations (those of ended kernels are left out)."""
+    return [r for r in _all(directory) if _live(r)]
+
+
+def _prune(directory: Path) -> list[Reservation]:
+    """Remove the reservations of ended kernels; the live ones."""
+    live = []
+    for reservation in _all(directory):
+        if _live(reservation):
+            live.append(reservation)
+        else:
+            with contextlib.suppress(OSError):
+                reservation.path.unlink(missing_ok=True)
+    return live
 
 
 def rank(inventory: Inventory, reservations: list[Reservation], now: float | None = None) -> list[Gpu]:
@@ -124,20 +131,22 @@ def reserve(kernel_id: str, count: int, inventory: Inventory, directory: Path) -
     if len(inventory.gpus) < count:
         raise PolicyError(f"visible auto:{count}: this machine has only {len(inventory.gpus)} GPU(s)")
     with locked(directory):
-        _prune(directory)
-        others = [r for r in current(directory) if r.kernel_id != kernel_id]
+        others = [r for r in _prune(directory) if r.kernel_id != kernel_id]
         picked = rank(inventory, others)[:count]
         held = {uuid for r in others if r.fresh() for uuid in r.gpus}
         why = "auto picked " + ", ".join(_describe(g, g.uuid in held) for g in picked)
-        path = path_for(kernel_id, directory)
-        record: dict[str, Any] = {
-            "format": FORMAT, "kernel_id": kernel_id, "gpus": [g.uuid for g in picked], "why": why,
-            "launcher_pid": os.getpid(), "kernel_pid": None, "created": time.time(),
-        }
-        safefile.write_atomic(path, json.dumps(record))
-    found = _read(path)
-    assert found is not None
-    return found
+        reservation = Reservation(kernel_id, tuple(g.uuid for g in picked), why, os.getpid(), None, time.time(),
+                                  path_for(kernel_id, directory))
+        safefile.write_atomic(reservation.path, _dumps(reservation))
+    return reservation
+
+
+def _dumps(reservation: Reservation) -> str:
+    """The record of `reservation` as `_read` reads it."""
+    return json.dumps({
+        "format": FORMAT, "kernel_id": reservation.kernel_id, "gpus": list(reservation.gpus), "why": reservation.why,
+        "launcher_pid": reservation.launcher_pid, "kernel_pid": reservation.kernel_pid, "created": reservation.created,
+    })
 
 
 def _describe(gpu: Gpu, shared: bool) -> str:
@@ -148,12 +157,9 @@ def _describe(gpu: Gpu, shared: bool) -> str:
 
 def set_kernel_pid(reservation: Reservation, pid: int | None) -> None:
     """Record the kernel's process once launched (its end then frees the reservation)."""
-    record = {"format": FORMAT, "kernel_id": reservation.kernel_id, "gpus": list(reservation.gpus),
-              "why": reservation.why, "launcher_pid": reservation.launcher_pid, "kernel_pid": pid,
-              "created": reservation.created}
     with locked(reservation.path.parent):
         if reservation.path.exists():
-            safefile.write_atomic(reservation.path, json.dumps(record))
+            safefile.write_atomic(reservation.path, _dumps(replace(reservation, kernel_pid=pid)))
 
 
 def release(kernel_id: str, directory: Path) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 from jupyter_client.provisioning import LocalProvisioner
@@ -96,9 +95,9 @@ class TFGPUProvisioner(LocalProvisioner):  # type: ignore[misc]  (jupyter_client
         `inherited_visible`: `CUDA_VISIBLE_DEVICES` of the launching environment. Where a scheduler
         (Slurm, a Kubernetes device plugin) granted GPUs that way, `auto` picks among them only; an
         entry that names no GPU of the inventory leaves the grant as it is."""
-        policy = Policy.from_dict(self.policy) if self.policy else Policy()
         if self._resolved is not None:
             return self._resolved, self._warning
+        policy = Policy.from_dict(self.policy) if self.policy else Policy()
         warning = None
         if self.visible:
             count = auto_count(self.visible)
@@ -115,7 +114,7 @@ class TFGPUProvisioner(LocalProvisioner):  # type: ignore[misc]  (jupyter_client
                 policy = policy.edited(visible=None)
             else:
                 try:
-                    self._reservation = reservations.reserve(self._key(), count, granted, self._runtime_dir())
+                    self._reservation = reservations.reserve(self._key(), count, granted, persist.runtime_dir())
                 except (OSError, PolicyError) as err:  # an odd runtime dir must not stop the kernel
                     warning = NO_RESERVATION.format(error=err)
                     policy = policy.edited(visible=None)
@@ -127,9 +126,6 @@ class TFGPUProvisioner(LocalProvisioner):  # type: ignore[misc]  (jupyter_client
 
     def _key(self) -> str:
         return str(self.kernel_id or id(self))
-
-    def _runtime_dir(self) -> Path:
-        return persist.runtime_dir()
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         policy, warning = self.resolve((kwargs.get("env") or os.environ).get(CUDA_VISIBLE_DEVICES))

@@ -30,7 +30,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from . import persist
 from .. import safefile
@@ -71,6 +71,12 @@ class Server:
 
     def __repr__(self) -> str:
         return f"Server(url={self.url!r}, pid={self.pid})"
+
+    @classmethod
+    def from_info(cls, info: dict[str, Any], url: str, pid: int) -> Server:
+        """The server of `info` (a `jpserver-*.json`), reached at `url`."""
+        token = info.get("token")
+        return cls(url, token if isinstance(token, str) else "", pid, os.environ.get("JUPYTERHUB_API_TOKEN", ""))
 
     def request(self, method: str, path: str) -> Any:
         """An authenticated request; the decoded JSON reply (None when empty). No proxy, no
@@ -196,26 +202,37 @@ def loopback_url(info: dict[str, Any]) -> str | None:
     return f"{'https' if info.get('secure') is True else 'http'}://{netloc}:{port}{base}"
 
 
-def find_server(kernel_id: str, runtime_dir: Path | None = None) -> Server | None:
-    """The running Jupyter server that owns kernel `kernel_id` (see the module docstring). Files of
-    other or dead servers get no request; a broken file or reply is one warning line."""
-    directory = runtime_dir or persist.runtime_dir()
-    lineage = set(ancestors())
+def server_files(directory: Path | None = None, quiet: bool = False) -> Iterator[tuple[Path, dict[str, Any], int]]:
+    """(path, info, pid) of each `jpserver-*.json` in `directory` (default: the runtime dir) that reads
+    as a private JSON object of this user naming an integer pid. Other files are skipped, each with one
+    warning line unless `quiet`; nothing here proves that the server is alive or whose it is."""
+    directory = directory or persist.runtime_dir()
     try:
-        infos = sorted(directory.glob("jpserver-*.json"))
+        paths = sorted(directory.glob("jpserver-*.json"))
     except OSError:
-        return None
-    for path in infos:
+        return
+    for path in paths:
         try:
             info = safefile.read_json(path, safefile.SERVER_INFO_BYTES, private=True)
         except PolicyError as err:
-            warn(f"ignoring a Jupyter server file: {err}")
+            if not quiet:
+                warn(f"ignoring a Jupyter server file: {err}")
             continue
         if not isinstance(info, dict):
-            warn(f"ignoring {path}: not a Jupyter server file")
+            if not quiet:
+                warn(f"ignoring {path}: not a Jupyter server file")
             continue
         pid = info.get("pid")
-        if not isinstance(pid, int) or isinstance(pid, bool) or pid not in lineage:
+        if isinstance(pid, int) and not isinstance(pid, bool):
+            yield path, info, pid
+
+
+def find_server(kernel_id: str, runtime_dir: Path | None = None) -> Server | None:
+    """The running Jupyter server that owns kernel `kernel_id` (see the module docstring). Files of
+    other or dead servers get no request; a broken file or reply is one warning line."""
+    lineage = set(ancestors())
+    for path, info, pid in server_files(runtime_dir):
+        if pid not in lineage:
             continue  # a dead server, or one that did not start this kernel: it gets nothing
         url = loopback_url(info)
         if url is None:
@@ -223,8 +240,7 @@ def find_server(kernel_id: str, runtime_dir: Path | None = None) -> Server | Non
             continue
         if listens_on(pid, info["port"]) is False:
             continue  # the port is not this process's: whatever answers there gets nothing
-        token = info.get("token")
-        server = Server(url, token if isinstance(token, str) else "", pid, os.environ.get("JUPYTERHUB_API_TOKEN", ""))
+        server = Server.from_info(info, url, pid)
         try:
             reply = server.request("GET", f"api/kernels/{kernel_id}")
         except (OSError, ValueError) as err:  # PolicyError is a ValueError
@@ -314,9 +330,9 @@ def _post_restart(shell: Any, server: Server, kernel_id: str, delay: float) -> N
     time.sleep(delay)
     try:
         server.request("POST", f"api/kernels/{kernel_id}/restart")
-    except (OSError, ValueError) as err:  # a refusal, or an odd reply (PolicyError is a ValueError)
-        if isinstance(err, ValueError):
-            return  # the server accepted (2xx); only its reply body was odd
+    except ValueError:  # PolicyError: the server accepted (2xx); only its reply body was odd
+        return
+    except OSError as err:  # a refusal
         message = (
             f"tfgpu_magic: the kernel was NOT restarted: its Jupyter server refused ({_short(err)}). "
             "The policy stays stored; restart the kernel from your front end to apply it."

@@ -15,11 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .. import safefile
-from ..errors import PolicyError
 from ..gpus.processes import alive, uid_of
-from . import persist
-from .restart import Server, listens_on, loopback_url
+from .restart import Server, listens_on, loopback_url, server_files
 
 
 @dataclass(frozen=True)
@@ -47,27 +44,14 @@ def _owned_by_me(pid: int) -> bool:
 
 def my_servers(runtime_dir: Path | None = None) -> list[Server]:
     """The running Jupyter servers of this user that proved themselves (module docstring)."""
-    directory = runtime_dir or persist.runtime_dir()
-    try:
-        paths = sorted(directory.glob("jpserver-*.json"))
-    except OSError:
-        return []
     servers = []
-    for path in paths:
-        try:
-            info = safefile.read_json(path, safefile.SERVER_INFO_BYTES, private=True)
-        except PolicyError:
-            continue  # not this user's, or broken: nothing to ask
-        if not isinstance(info, dict):
-            continue
-        pid = info.get("pid")
-        if not isinstance(pid, int) or isinstance(pid, bool) or not _owned_by_me(pid):
+    for _, info, pid in server_files(runtime_dir, quiet=True):  # a broken file: nothing to ask
+        if not _owned_by_me(pid):
             continue
         url = loopback_url(info)
         if url is None or listens_on(pid, info["port"]) is not True:
             continue
-        token = info.get("token")
-        servers.append(Server(url, token if isinstance(token, str) else "", pid, os.environ.get("JUPYTERHUB_API_TOKEN", "")))
+        servers.append(Server.from_info(info, url, pid))
     return servers
 
 

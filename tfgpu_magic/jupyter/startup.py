@@ -72,12 +72,12 @@ def load_if_pending(shell: Any) -> None:
     """Run from the profile's startup file (`persist.PENDING_STARTUP_CODE`): load the extension in a
     kernel that a `%tfgpu restart` left a pending policy for, before any cell runs. A policy that is
     pending but cannot be applied is one line naming its file; the kernel starts regardless."""
-    persist.upgrade_startup_files(shell.profile_dir.location)
+    if "tfgpu_magic" in shell.extension_manager.loaded:
+        return  # its `%load_ext` brought the startup files up to date
     key = current_kernel_key(shell)
-    if key is None:
-        return
-    path = persist.pending_path(key)
-    if not path.exists() or "tfgpu_magic" in shell.extension_manager.loaded:
+    path = persist.pending_path(key) if key is not None else None
+    if path is None or not path.exists():
+        persist.upgrade_startup_files(shell.profile_dir.location)
         return
     try:
         shell.run_line_magic("load_ext", "tfgpu_magic")

@@ -19,7 +19,7 @@ from ..gpus.inventory import MIB, Gpu, Inventory
 from ..language.policy import ALL_GPUS
 from .envvars import CUDA_VISIBLE_DEVICES, TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR
 from .plan import Plan
-from .runtime import ASYNC_ALLOCATOR, ConfigAPI, RuntimeState
+from .runtime import ASYNC_ALLOCATOR, ConfigAPI, RuntimeState, eager_flags
 
 NO_GPU_HINT = "`%tfgpu doctor` says why"
 WATCH_ATTRIBUTE = "_tfgpu_watch"
@@ -47,11 +47,8 @@ class Controller(Protocol):
 def initialized() -> bool:
     """`runtime_state().initialized` without its libcuda check, which reads /proc/self/maps (about
     1 ms once TensorFlow is loaded): the per-cell hooks ask this."""
-    if "tensorflow" not in sys.modules:
-        return False
-    module = sys.modules.get("tensorflow.python.eager.context")
-    context = module.context_safe() if module is not None and hasattr(module, "context_safe") else None
-    return context is not None and getattr(context, "_context_handle", None) is not None
+    flags = eager_flags()
+    return flags is not None and flags[1]
 
 
 class MemoryAPI(Protocol):

@@ -11,11 +11,8 @@ from typing import Mapping, Sequence
 
 from ..gpus.cudaenv import parse_cuda_visible
 from ..language.policy import ALL_GPUS, ALLOCATORS, Policy, is_index
-from .envvars import (CPP_LOG_LEVEL, CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, NAMES, TF_CPP_MIN_LOG_LEVEL,
+from .envvars import (CPP_LOG_LEVEL, CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, TF_CPP_MIN_LOG_LEVEL,
                       TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR)
-
-OUR_ENV = NAMES
-"""Every environment variable this tool may set (`envvars.TABLE`); `reset` restores them."""
 
 
 GROWTH_WITH_CAPS = f"growth goes through {TF_FORCE_GPU_ALLOW_GROWTH}=true: TF refuses set_memory_growth on a limited GPU"

@@ -128,23 +128,34 @@ def cuda_loaded(maps: str = "/proc/self/maps") -> str | None:
     return "libcuda is loaded in this process" if any(lib in text for lib in CUDA_LIBRARIES) else None
 
 
-def runtime_state() -> RuntimeState:
-    """Read TensorFlow's state from `sys.modules`; never imports or initializes anything.
+def eager_flags() -> tuple[bool, bool] | None:
+    """(devices listed, runtime initialized) from TensorFlow's eager context; None before import.
 
-    Uses TensorFlow's private `context_safe()`, `_context_handle` and `_physical_devices` (the same
-    test TensorFlow's own setters make, stable from 2.10 to 2.21). If they ever go away, the state
-    reads as 'not initialized' and the setters' RuntimeError is caught instead (see `apply_plan`).
-    """
-    created = devices_created()
+    The one place that reads TensorFlow's private `context_safe()`, `_physical_devices` and
+    `_context_handle` (the same test TensorFlow's own setters make, stable from 2.10 to 2.21). If
+    they ever go away, both read False and the setters' RuntimeError is caught instead (see
+    `apply_plan`). A few attribute reads: cheap enough for the per-cell hooks."""
     if "tensorflow" not in sys.modules:
-        return RuntimeState(cuda_elsewhere=cuda_loaded())
+        return None
     module = sys.modules.get("tensorflow.python.eager.context")
     context = module.context_safe() if module is not None and hasattr(module, "context_safe") else None
-    listed = context is not None and getattr(context, "_physical_devices", None) is not None
+    if context is None:
+        return False, False
+    return (getattr(context, "_physical_devices", None) is not None,
+            getattr(context, "_context_handle", None) is not None)
+
+
+def runtime_state() -> RuntimeState:
+    """Read TensorFlow's state from `sys.modules`; never imports or initializes anything."""
+    created = devices_created()
+    flags = eager_flags()
+    if flags is None:
+        return RuntimeState(cuda_elsewhere=cuda_loaded())
+    listed, initialized = flags
     return RuntimeState(
         imported=True,
         devices_listed=listed,
-        initialized=context is not None and getattr(context, "_context_handle", None) is not None,
+        initialized=initialized,
         devices_created=created,
         cuda_elsewhere=None if listed else cuda_loaded(),
     )

@@ -90,11 +90,7 @@ def load(shell: Any) -> TFGPUMagics:
 
     from .completion import register_completer
 
-    magics = TFGPUMagics(shell)
-    if not magics.release_oom_frames:  # the default needs no import here (`%load_ext` stays cheap)
-        from ..tf import oom
-
-        oom.settings.release = False
+    magics = TFGPUMagics(shell)  # a configured `release_oom_frames = False` reaches `oom` through the observer
     shell.register_magics(magics)
     register_completer(shell, lambda: magics.controller)
     policy, warnings = startup_policy(lambda: magics.controller, magics.default_policy, magics.profile_dir, shell)

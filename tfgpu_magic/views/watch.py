@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import PolicyError
-from ..gpus.inventory import Inventory, read_inventory
+from ..gpus.inventory import MIB, Inventory, read_inventory
 from ..tf.memory import WATCH_ATTRIBUTE, Controller, MemoryAPI, TensorFlowMemory, bytes_text, memory
 
 GROWTH_CELLS = 4
 """Cells in a row whose held memory grew before the watch flags it."""
-MIB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -128,12 +127,9 @@ def signed(count: int) -> str:
     return ("+" if count >= 0 else "-") + bytes_text(abs(count))
 
 
-_ATTRIBUTE = WATCH_ATTRIBUTE
-
-
 def current(shell: Any) -> Watch | None:
     """The watch running on `shell`, None when off."""
-    return getattr(shell, _ATTRIBUTE, None)
+    return getattr(shell, WATCH_ATTRIBUTE, None)
 
 
 def watch_on(shell: Any, controller: Controller, api: MemoryAPI | None = None,
@@ -142,15 +138,10 @@ def watch_on(shell: Any, controller: Controller, api: MemoryAPI | None = None,
     stdout (tests)."""
     if current(shell) is not None:
         return "Memory watch is already on."
-    kwargs: dict[str, Any] = {"controller": controller, "out": out}
-    if api is not None:
-        kwargs["api"] = api
-    if inventory is not None:
-        kwargs["inventory"] = inventory
-    watch = Watch(**kwargs)
+    watch = Watch(controller, api if api is not None else TensorFlowMemory(), inventory or read_inventory, out)
     shell.events.register("pre_run_cell", watch.pre)
     shell.events.register("post_run_cell", watch.post)
-    setattr(shell, _ATTRIBUTE, watch)
+    setattr(shell, WATCH_ATTRIBUTE, watch)
     return "Memory watch on: after each cell, one line per GPU whose memory moved. `%tfgpu watch off` stops it."
 
 
@@ -162,7 +153,7 @@ def watch_off(shell: Any) -> str:
     for event, callback in (("pre_run_cell", watch.pre), ("post_run_cell", watch.post)):
         while callback in shell.events.callbacks[event]:
             shell.events.unregister(event, callback)
-    delattr(shell, _ATTRIBUTE)
+    delattr(shell, WATCH_ATTRIBUTE)
     return "Memory watch off: no hook left."
 
 
