@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 # Jupyter refuses to run as root without --allow-root; Docker GPU images (TensorFlow's among them) run as root.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: demo test bench soak clean
+.PHONY: demo test bench bench-against soak clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ test: $(STAMP)  ## set up and run the whole test suite
 
 bench: $(STAMP)  ## speed figures, as ratios against baselines measured in the same run
 	$(BIN)/python benchmarks/run.py
+
+bench-against: $(STAMP)  ## this tree against an earlier revision: make bench-against REV=<commit or tag>
+	$(if $(REV),,$(error give the revision to compare against: make bench-against REV=<commit or tag>))
+	$(BIN)/python benchmarks/against.py $(REV)
 
 soak: $(STAMP)  ## long runs: 100,000 fuzzed directive lines, 50 restart-and-apply cycles
 	TFGPU_FUZZ_EXAMPLES=100000 $(BIN)/python -m pytest -q -p no:cacheprovider \

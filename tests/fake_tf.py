@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, MutableMapping, Sequence
 
-from tfgpu_magic.tf.runtime import ASYNC_ALLOCATOR, LogicalSpec, Route, RuntimeState, logical_entries
+from tfgpu_magic.tf.runtime import ASYNC_ALLOCATOR, LIBCUDA_LOADED, LogicalSpec, Route, RuntimeState, logical_entries
 
 PhysicalDevice = collections.namedtuple("PhysicalDevice", ["name", "device_type"])
 """Same name, fields, equality and repr as `tf.config.PhysicalDevice` (a namedtuple too)."""
@@ -232,7 +232,7 @@ class FakeTF:
         did it (PyTorch, JAX, CuPy), which `runtime.cuda_loaded()` sees as libcuda in the maps."""
         if self.cuda_ids is None:
             self.cuda_ids = cuda_visible_ids(self.environ.get("CUDA_VISIBLE_DEVICES"), self.uuids)
-            self.cuda_elsewhere = by or "libcuda is loaded in this process"  # state() shows it until TF lists
+            self.cuda_elsewhere = by or LIBCUDA_LOADED  # state() shows it until TF lists
 
     def list_devices(self) -> list[PhysicalDevice]:
         """`_initialize_physical_devices`: CUDA starts once and reads `CUDA_VISIBLE_DEVICES` now."""

@@ -96,8 +96,13 @@ def test_doctor_result_text_is_the_report_and_html_colours_verdicts(monkeypatch:
 
 def test_show_prints_text_and_publishes_results(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch):
     """Text is printed (nothing for ''); a result is published as text/plain + text/html where an
-    IPython shell runs, and printed as text where none does (a script)."""
+    IPython shell with a rich front end runs (a kernel's publisher, `capture_output`'s), and printed
+    as text where none does (a script) or where the publisher is terminal IPython's (text only)."""
+    from IPython.core.displaypub import DisplayPublisher
     from IPython.core.interactiveshell import InteractiveShell
+
+    class RichPublisher(DisplayPublisher):
+        """Stands for ipykernel's ZMQDisplayPublisher: any publisher but the terminal's own."""
 
     result = actions.status(make_controller())
     published: list[dict] = []
@@ -107,7 +112,12 @@ def test_show_prints_text_and_publishes_results(capsys: pytest.CaptureFixture, m
     results.show("Applied: x")
     results.show(result)
     assert capsys.readouterr().out == f"Applied: x\n{result.text()}\n" and published == []
+    shell = SimpleNamespace(display_pub=DisplayPublisher())  # not a second shell singleton in this process
     monkeypatch.setattr(InteractiveShell, "initialized", classmethod(lambda cls: True))
+    monkeypatch.setattr(InteractiveShell, "instance", classmethod(lambda cls, *args, **kwargs: shell))
+    results.show(result)
+    assert capsys.readouterr().out == f"{result.text()}\n" and published == []
+    shell.display_pub = RichPublisher()
     results.show(result)
     assert published == [{"text/plain": result.text(), "text/html": result.html()}]
     assert capsys.readouterr().out == ""

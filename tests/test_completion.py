@@ -14,7 +14,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import tfgpu_magic
 from fake_nvml import FakeNvml, four_gpus
-from tfgpu_magic.views import completion
+from tfgpu_magic.views.magics import COMPLETER_ID, register_completer
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog, Nvml, read_inventory
 from tfgpu_magic.tf.envvars import NAMES as OUR_ENV
@@ -67,29 +67,29 @@ def test_gpu_indices_come_from_the_inventory(shell, monkeypatch) -> None:  # noq
     """With an NVML inventory (fake NVML, four GPUs), GPU arguments complete to its indices."""
     catalog = InventoryCatalog(read_inventory(Nvml(module=FakeNvml(four_gpus()))))
     controller = Controller(environ={}, catalog=catalog)
-    completion.register_completer(shell, lambda: controller)
+    register_completer(shell, lambda: controller)
     try:
         assert complete(shell, "%tfgpu visible ") == ["0", "1", "2", "3", "all", "auto", "none"]
         assert complete(shell, "%tfgpu limit 1GB ") == ["0", "1", "2", "3"]
         assert complete(shell, "%tfgpu split off ") == ["0", "1", "2", "3", "cpu"]
     finally:
-        completion.register_completer(shell, tfgpu_magic.get_controller)
+        register_completer(shell, tfgpu_magic.get_controller)
 
 
 def test_registering_again_replaces_the_matcher(shell) -> None:  # noqa: ANN001
-    completion.register_completer(shell, tfgpu_magic.get_controller)
-    completion.register_completer(shell, tfgpu_magic.get_controller)
-    ours = [m for m in shell.Completer.custom_matchers if getattr(m, "matcher_identifier", "") == completion.IDENTIFIER]
+    register_completer(shell, tfgpu_magic.get_controller)
+    register_completer(shell, tfgpu_magic.get_controller)
+    ours = [m for m in shell.Completer.custom_matchers if getattr(m, "matcher_identifier", "") == COMPLETER_ID]
     assert len(ours) == 1
 
 
 def test_without_inventory_no_indices_and_no_error(shell) -> None:  # noqa: ANN001
     controller = Controller(environ={}, catalog=InventoryCatalog(Inventory(error="no NVML here")))
-    completion.register_completer(shell, lambda: controller)
+    register_completer(shell, lambda: controller)
     try:
         assert complete(shell, "%tfgpu visible ") == ["all", "auto", "none"]
     finally:
-        completion.register_completer(shell, tfgpu_magic.get_controller)
+        register_completer(shell, tfgpu_magic.get_controller)
 
 
 def test_lazy_attributes_are_in_dir(shell) -> None:  # noqa: ANN001

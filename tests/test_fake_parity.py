@@ -77,7 +77,7 @@ def _names(api: Any, devices: list[Any]) -> list[str]:
 
 def _report(report: Any) -> dict[str, Any]:
     data = dataclasses.asdict(report)
-    data["state"] = list(data["state"].values())
+    data["state"] = list(data["state"])  # a NamedTuple: its values in field order
     return data
 
 
@@ -107,7 +107,7 @@ def _install(api: Any, policy: dict) -> None:
 OPS = {
     # the first three fields: devices_created and cuda_elsewhere are GPU-build facts (a CPU build never
     # creates GPU devices nor loads libcuda), covered by tests/test_gpu_paths.py
-    "state": lambda api: list(dataclasses.astuple(api.state()))[:3],
+    "state": lambda api: list(api.state())[:3],
     "list": lambda api, kind: _names(api, api.devices(kind)),
     "init": lambda api: _initialize(api),
     "cpus": lambda api: api.cpus_in_force(),

@@ -727,7 +727,25 @@ def test_cuda_loaded_reads_the_process_maps(tmp_path, maps: str | None, says: st
     path = tmp_path / "maps"
     if maps is not None:
         path.write_text(maps)
-    assert cuda_loaded(str(path)) == says
+    assert cuda_loaded(str(path), driver=lambda: True) == says
+
+
+def test_cuda_loaded_skips_the_maps_without_a_driver_and_remembers_libcuda(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """No NVIDIA driver: CUDA cannot start, the maps are not read. Once libcuda was seen in this
+    process's own maps, it is not read again (the driver library is never unloaded)."""
+    from tfgpu_magic.tf import runtime
+
+    path = tmp_path / "maps"
+    path.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libcuda.so.1\n")
+    assert runtime.cuda_loaded(str(path), driver=lambda: False) is None
+    assert runtime.cuda_loaded(str(path), driver=lambda: True) == runtime.LIBCUDA_LOADED
+    assert runtime._libcuda_seen is False  # another file than the process's own maps: nothing remembered
+
+    def no_driver_question() -> bool:
+        raise AssertionError("asked again after libcuda was seen")
+
+    monkeypatch.setattr(runtime, "_libcuda_seen", True)
+    assert runtime.cuda_loaded(driver=no_driver_question) == runtime.LIBCUDA_LOADED
 
 
 @pytest.mark.parametrize(("lines", "note"), [

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import re
+import shlex
+import string
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cases import HASH_IN_WORD, HUGE, HUGE_LISTS, HUGE_NUMBERS, NON_ASCII, params
 from strategies import FUZZ_EXAMPLES, directive_lines
 from tfgpu_magic.errors import PolicyError
+from tfgpu_magic.language import grammar
 from tfgpu_magic.language.grammar import Action, Edit, apply_edit, parse_cell, parse_line
 from tfgpu_magic.language.policy import Policy
 
@@ -426,3 +430,14 @@ def test_default_edit_gives_a_field_back_to_tensorflow():
     assert apply_edit(policy, default_edit("allocator")).allocator is None
     with pytest.raises(PolicyError, match="sets no single policy field"):
         default_edit("limit")
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None)
+@given(st.text(alphabet=st.sampled_from([*string.printable, "\x0b", "\x0c", "\xa0", "é", "\u2003"]), max_size=24))
+def test_plain_lines_split_as_shlex_splits_them(line: str) -> None:
+    """The `str.split` shortcut is taken only where shlex (POSIX, shell spaces) gives the same words;
+    every other line goes through shlex and the comment rule."""
+    if grammar._PLAIN_LINE.fullmatch(line):
+        assert grammar.split_words(line) == shlex.split(line)
+    else:
+        assert any(c in line for c in "'\"\\#") or not all(c in string.printable and c not in "\x0b\x0c" for c in line)

@@ -6,7 +6,6 @@ controller returned by `get_controller()`.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import sys
@@ -187,7 +186,7 @@ class Controller:
             return state
         inventory = self.inventory()
         if any(proc.is_self for gpu in inventory.gpus for proc in gpu.processes):
-            return dataclasses.replace(state, cuda_elsewhere="NVML lists this process on a GPU")
+            return state._replace(cuda_elsewhere="NVML lists this process on a GPU")
         return state
 
     def plan(self, state: RuntimeState | None = None, probe: bool = False) -> Plan:
@@ -200,7 +199,7 @@ class Controller:
         inherited = self.environ.get(CUDA_VISIBLE_DEVICES) if state.cuda_fixed else self._inherited_cvd()
         plan = build_plan(self.policy, inherited, cuda_started=state.cuda_fixed, aliases=self._aliases(self.policy),
                           logical_recorded=recorded)
-        return dataclasses.replace(plan, locked_env=tuple(self._locked_env(plan, state)))
+        return plan._replace(locked_env=tuple(self._locked_env(plan, state)))
 
     def _may_look(self, state: RuntimeState, probe: bool) -> bool:
         """Whether `plan` asks TensorFlow for a recorded logical configuration (only growth's route
@@ -217,7 +216,7 @@ class Controller:
         inherited = self._inherited_cvd()
         plan = build_plan(self.policy, inherited, aliases=self._aliases(self.policy))
         if inherited is not None and CUDA_VISIBLE_DEVICES not in plan.env_map:
-            plan = dataclasses.replace(plan, env=(*plan.env, (CUDA_VISIBLE_DEVICES, inherited)))
+            plan = plan._replace(env=(*plan.env, (CUDA_VISIBLE_DEVICES, inherited)))
         return plan
 
     def apply(self) -> ApplyReport:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..language.policy import MAX_WHOLE, is_uuid, whole_number
 
@@ -10,8 +10,7 @@ _BLANKS = " \t"
 """What CUDA skips around an entry; a newline is not among them (`GPU-abc\n` is no UUID)."""
 
 
-@dataclass(frozen=True)
-class CudaVisible:
+class CudaVisible(NamedTuple):
     """The entries CUDA will use, and the first entry it stopped at (everything after is ignored)."""
 
     raw: str | None

@@ -10,8 +10,7 @@ import functools
 import os
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import PolicyError
 from ..language.policy import is_index
@@ -21,21 +20,18 @@ CACHE_SECONDS = 2.0
 PERCENT_UNKNOWN = "a size in % needs the card's total memory, which is unknown"
 
 
-@dataclass(frozen=True)
-class GpuProcess:
+class GpuProcess(NamedTuple):
     pid: int
     used_mib: int | None
     is_self: bool
 
 
-@dataclass(frozen=True)
-class MigDevice:
+class MigDevice(NamedTuple):
     uuid: str
     memory_total_mib: int | None
 
 
-@dataclass(frozen=True)
-class Gpu:
+class Gpu(NamedTuple):
     """One GPU, numbered as nvidia-smi numbers it (PCI bus order)."""
 
     index: int
@@ -54,8 +50,7 @@ class Gpu:
         return str(self.index)
 
 
-@dataclass(frozen=True)
-class Inventory:
+class Inventory(NamedTuple):
     """What NVML says about this machine; `error` says why there is no list when there is none."""
 
     gpus: tuple[Gpu, ...] = ()

@@ -10,6 +10,7 @@ file is left as it is. Nothing is ever `eval`-ed or unpickled.
 The IPython profile is shared by every Python environment of the user, so the startup files written
 here are silent and cheap wherever they have nothing to do: in an environment without tfgpu_magic,
 in terminal IPython, and in any kernel with nothing pending (one directory listing, no import).
+`safefile` is imported where a file is read or written, not on `%load_ext`'s path where none exists.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import safefile
 from ..errors import PolicyError, warn
 
 if TYPE_CHECKING:
@@ -49,6 +49,8 @@ def runtime_dir() -> Path:
 
 def write_policy(path: Path, policy: Policy, **extra: Any) -> None:
     """Write `policy` (plus `extra` fields) as JSON, atomically, mode 0600, in a folder created 0700."""
+    from .. import safefile
+
     data = {"format": FORMAT, "policy": policy.to_dict(), **extra}
     safefile.write_atomic(path, json.dumps(data, indent=2) + "\n")
 
@@ -56,6 +58,8 @@ def write_policy(path: Path, policy: Policy, **extra: Any) -> None:
 def read_record(path: Path) -> dict[str, Any] | None:
     """The JSON object of our policy file at `path`; None when there is no file. `PolicyError` (one
     line naming the file) when it is not a regular private file of ours in our format."""
+    from .. import safefile
+
     data = safefile.read_json(path, safefile.POLICY_BYTES, private=True)
     if data is None:
         return None
@@ -226,6 +230,8 @@ def _our_startup_text(path: Path, marker: str) -> str | None:
     else is there (a link, another program's file): we neither overwrite nor remove it."""
     if path.is_symlink():
         raise PolicyError(f"{path} is a symbolic link, not a file tfgpu_magic wrote; remove it by hand")
+    from .. import safefile
+
     text = safefile.read_text(path, STARTUP_BYTES)
     if text is not None and not text.startswith(marker + "\n"):
         raise PolicyError(f"{path} exists and was not written by tfgpu_magic; remove it by hand")
@@ -237,6 +243,8 @@ def write_startup(profile_dir: str | Path, name: str) -> Path:
     marker, code = STARTUP_FILES[name]
     path = startup_path(profile_dir, name)
     if _our_startup_text(path, marker) != code:
+        from .. import safefile
+
         safefile.write_atomic(path, code)
     return path
 

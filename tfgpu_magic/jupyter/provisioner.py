@@ -14,7 +14,6 @@ Without NVML the kernel starts anyway, with every GPU visible, and a one-line wa
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from typing import Any
@@ -70,7 +69,7 @@ def granted_gpus(found: gpu_inventory.Inventory, inherited: str | None) -> gpu_i
     by_ref = {gpu.ref: gpu for gpu in found.gpus} | {gpu.uuid: gpu for gpu in found.gpus}
     if not all(entry in by_ref for entry in wanted):
         return None
-    return dataclasses.replace(found, gpus=tuple(dict.fromkeys(by_ref[entry] for entry in wanted)))
+    return found._replace(gpus=tuple(dict.fromkeys(by_ref[entry] for entry in wanted)))
 
 
 def read_inventory() -> gpu_inventory.Inventory:

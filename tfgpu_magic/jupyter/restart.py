@@ -28,9 +28,8 @@ import ipaddress
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 from . import persist
 from .. import safefile
@@ -60,8 +59,7 @@ TO_DO_FRONTEND = "restart the kernel from your front end (VS Code: Restart; nbcl
 """What to do where nothing here can restart the kernel."""
 
 
-@dataclass(frozen=True)
-class Server:
+class Server(NamedTuple):
     """A Jupyter server on loopback that owns this kernel. `repr` hides the token."""
 
     url: str
@@ -120,8 +118,7 @@ def _opener(https: bool) -> Any:
     return urllib.request.build_opener(*handlers)
 
 
-@dataclass(frozen=True)
-class Route:
+class Route(NamedTuple):
     """How this kernel can be restarted: `server`, `exit`, `frontend` or `none`, and why."""
 
     kind: str

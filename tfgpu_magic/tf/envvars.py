@@ -7,11 +7,10 @@ state (`RuntimeState.passed`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Moment:
+class Moment(NamedTuple):
     """When a reader reads its variables, once per process."""
 
     name: str
@@ -26,8 +25,7 @@ INITIALIZATION = Moment("runtime initialization", "read when the runtime was ini
 MOMENTS = (IMPORT, CUDA_START, ALLOCATOR_CREATION, INITIALIZATION)
 
 
-@dataclass(frozen=True)
-class EnvVar:
+class EnvVar(NamedTuple):
     name: str
     reader: str
     read_at: Moment

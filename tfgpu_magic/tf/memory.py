@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Mapping, NamedTuple, Protocol, Sequence
 
 from ..gpus.cudaenv import parse_cuda_visible
 from ..gpus.inventory import MIB, Gpu, Inventory
@@ -98,8 +97,7 @@ def oom_types() -> tuple[type[BaseException], ...]:
 
 
 # ----- the cap ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Cap:
+class Cap(NamedTuple):
     """The memory cap of one GPU: what TensorFlow recorded once initialized, else what would apply."""
 
     parts_mib: tuple[int, ...] | None
@@ -177,8 +175,7 @@ def cuda_order(controller: Controller, inventory: Inventory, state: RuntimeState
     return order
 
 
-@dataclass(frozen=True)
-class Card:
+class Card(NamedTuple):
     """One visible GPU: the NVML card (None when only TensorFlow lists it) and TensorFlow's index."""
 
     gpu: Gpu | None
@@ -382,8 +379,7 @@ _OOM = re.compile(
 )
 
 
-@dataclass(frozen=True)
-class OomRequest:
+class OomRequest(NamedTuple):
     """What the failed allocation asked for, read from TensorFlow's message."""
 
     shape: tuple[int, ...]

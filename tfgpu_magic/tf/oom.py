@@ -28,7 +28,6 @@ from __future__ import annotations
 import gc
 import inspect
 import sys
-from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Callable
 
@@ -43,11 +42,11 @@ CAP_MARGIN = 0.9
 bookkeeping), so a request plus what is held above this share of the cap counts as the cap running out."""
 
 
-@dataclass
 class OomSettings:
     """What the magics' config sets (one per process, like IPython's shell)."""
 
-    release: bool = RELEASE_DEFAULT
+    def __init__(self, release: bool = RELEASE_DEFAULT) -> None:
+        self.release = release
 
 
 settings = OomSettings()
@@ -170,16 +169,17 @@ def explain(error: BaseException, controller: MemorySource, api: MemoryAPI | Non
     return [f"tfgpu: {line}" for line in lines]
 
 
-@dataclass
 class OomHook:
     """The `post_run_cell` callback: explain a cell's OOM, then release its frames (if `settings`);
-    after a cuDNN / cuBLAS start-up failure, the one hint line."""
+    after a cuDNN / cuBLAS start-up failure, the one hint line. `peak_from_cell` is true while
+    `%tfgpu watch on` resets the peak before each cell."""
 
-    controller: MemorySource
-    api: MemoryAPI | None = None
-    peak_from_cell: Callable[[], bool] = lambda: False
-    """True while `%tfgpu watch on` resets the peak before each cell."""
-    out: Any = None
+    def __init__(self, controller: MemorySource, api: MemoryAPI | None = None,
+                 peak_from_cell: Callable[[], bool] = lambda: False, out: Any = None) -> None:
+        self.controller = controller
+        self.api = api
+        self.peak_from_cell = peak_from_cell
+        self.out = out
 
     def __call__(self, result: Any) -> None:
         error = getattr(result, "error_in_exec", None)

@@ -6,8 +6,7 @@ so they cannot disagree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 from ..gpus.cudaenv import parse_cuda_visible
 from ..language.policy import ALL_GPUS, ALLOCATORS, Policy, is_index
@@ -21,8 +20,7 @@ GROWTH_WITH_CPU_SPLIT = f"growth goes through {TF_FORCE_GPU_ALLOW_GROWTH}=true: 
 once any virtual device exists; `GetAllowGrowthValue` in gpu_bfc_allocator.cc reads the variable)."""
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """The steps that realise a policy, GPUs numbered as TensorFlow will number them."""
 
     env: tuple[tuple[str, str | None], ...] = ()

@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
+from ..gpus.inventory import driver_present
 from . import envvars
 from .envvars import TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR, Moment
 from .plan import Plan
@@ -24,8 +25,7 @@ LOCKED_MARKER = "cannot be modified after"
 ASYNC_ALLOCATOR = "cuda_malloc_async"
 
 
-@dataclass(frozen=True)
-class RuntimeState:
+class RuntimeState(NamedTuple):
     """Where TensorFlow is in its life, read without side effects."""
 
     imported: bool = False
@@ -111,21 +111,36 @@ def where() -> str:
     return f"in In [{count}]" if count is not None else "in IPython"
 
 
-CUDA_LIBRARIES = ("/libcuda.so",)
-"""The CUDA driver library: it is loaded when CUDA starts (cuInit reads `CUDA_*` then)."""
+CUDA_DRIVER_LIBRARY = b"/libcuda.so"
+"""The CUDA driver library, as the maps name it: it is loaded when CUDA starts (cuInit reads `CUDA_*` then)."""
+PROC_MAPS = "/proc/self/maps"
+LIBCUDA_LOADED = "libcuda is loaded in this process"
+_libcuda_seen = False
+"""Set once libcuda was seen in this process's maps: CUDA's driver library is never unloaded."""
 
 
-def cuda_loaded(maps: str = "/proc/self/maps") -> str | None:
+def cuda_loaded(maps: str = PROC_MAPS, driver: Callable[[], bool] = driver_present) -> str | None:
     """Why CUDA looks started in this process (the driver library is mapped), None if it does not.
 
     Read, not run (no GPU here): TensorFlow, PyTorch, JAX and CuPy load libcuda when CUDA starts,
-    not at import (TF: `GpuDriver::Init` in stream_executor/cuda/cuda_driver.cc via the dso loader)."""
+    not at import (TF: `GpuDriver::Init` in stream_executor/cuda/cuda_driver.cc via the dso loader).
+    The maps cost about 0.7 µs a line to read (thousands once TensorFlow is imported), so they are
+    not read where no NVIDIA driver is loaded (CUDA cannot start there), nor again once libcuda
+    was seen."""
+    global _libcuda_seen
+    if maps == PROC_MAPS and _libcuda_seen:
+        return LIBCUDA_LOADED
+    if not driver():
+        return None
     try:
-        with open(maps, encoding="utf-8", errors="replace") as file:
+        with open(maps, "rb") as file:
             text = file.read()
     except OSError:
         return None
-    return "libcuda is loaded in this process" if any(lib in text for lib in CUDA_LIBRARIES) else None
+    if CUDA_DRIVER_LIBRARY not in text:
+        return None
+    _libcuda_seen = _libcuda_seen or maps == PROC_MAPS
+    return LIBCUDA_LOADED
 
 
 def eager_flags() -> tuple[bool, bool] | None:
@@ -209,8 +224,7 @@ class ConfigAPI(Protocol):
     """Set TensorFlow's Python loggers to `level` (None: back to how they were); what changed."""
 
 
-@dataclass(frozen=True)
-class Route:
+class Route(NamedTuple):
     """A TensorFlow callable that creates devices (and so the process's GPU allocators) itself.
 
     `position`/`keyword`: where its config argument is; `fill_default`: a missing config gets the
@@ -223,7 +237,7 @@ class Route:
     position: int
     keyword: str
     fill_default: bool
-    gpus_created: Callable[[Any, tuple], bool] = field(compare=False)
+    gpus_created: Callable[[Any, tuple], bool]
 
 
 class TensorFlowConfig:
@@ -300,14 +314,13 @@ class TensorFlowConfig:
         ]
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(NamedTuple):
     """One `tf.config` setting that differs from what TensorFlow has recorded."""
 
     what: str
     current: Any
     desired: Any
-    run: Callable[[], None] | None = field(repr=False, compare=False)
+    run: Callable[[], None] | None
     """The `tf.config` call; None when TensorFlow has no call for it (`needs_restart`)."""
     why: str = ""
     """Why it cannot change any more, when that is not initialization."""

@@ -1,36 +1,14 @@
 """Tab completion for `%tfgpu` lines and `%%tfgpu` cells: directive names, then the arguments that
 are a closed set (`on | off`, `bfc | async`, GPU indices of this machine, ...).
 
-Registered at `%load_ext` as an IPython completion matcher (API v2, IPython >= 8.6). What each
-position offers comes from the registry of directives (`language.directives`).
+`%load_ext` registers the matcher (`magics.register_completer`, API v2, IPython >= 8.6); this module
+is imported at the first Tab. What each position offers comes from the registry of directives
+(`language.directives`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
-
-IDENTIFIER = "tfgpu_magic"
-"""The matcher's name in `shell.Completer.custom_matchers` (and the `origin` of its completions)."""
-
-
-def register_completer(shell: Any, controller: Callable[[], Any]) -> None:
-    """Add the matcher to `shell`'s completer, replacing one from an earlier `%load_ext`."""
-    completer = getattr(shell, "Completer", None)
-    if completer is None or not hasattr(completer, "custom_matchers"):
-        return
-    try:
-        from IPython.core.completer import completion_matcher
-    except ImportError:  # IPython before 8.6: no matcher API v2, no completion
-        return
-
-    @completion_matcher(identifier=IDENTIFIER, api_version=2, priority=100)
-    def tfgpu_matcher(context: Any) -> dict[str, Any]:
-        return complete(context, controller)
-
-    completer.custom_matchers[:] = [
-        m for m in completer.custom_matchers if getattr(m, "matcher_identifier", None) != IDENTIFIER
-    ]
-    completer.custom_matchers.append(tfgpu_matcher)
 
 
 def complete(context: Any, controller: Callable[[], Any]) -> dict[str, Any]:

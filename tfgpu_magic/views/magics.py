@@ -6,7 +6,7 @@ the first `%tfgpu`; the controller is created when first needed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class, no_var_expand
@@ -14,6 +14,8 @@ from traitlets import Bool, List, Unicode, observe
 
 from ..errors import PolicyError
 
+COMPLETER_ID = "tfgpu_magic"
+"""The matcher's name in `shell.Completer.custom_matchers` (and the `origin` of its completions)."""
 SUMMARY = "Control TensorFlow's GPUs from a notebook, before and after `import tensorflow`."
 
 
@@ -88,8 +90,6 @@ def load(shell: Any) -> TFGPUMagics:
     """Register the magics on `shell` and apply the policy this kernel starts with."""
     from ..jupyter.startup import say, startup_policy
 
-    from .completion import register_completer
-
     magics = TFGPUMagics(shell)  # a configured `release_oom_frames = False` reaches `oom` through the observer
     shell.register_magics(magics)
     register_completer(shell, lambda: magics.controller)
@@ -105,6 +105,29 @@ def load(shell: Any) -> TFGPUMagics:
     else:
         watch_tensorflow_import(magics)
     return magics
+
+
+def register_completer(shell: Any, controller: Callable[[], Any]) -> None:
+    """Add the `%tfgpu` matcher to `shell`'s completer, replacing one from an earlier `%load_ext`.
+    What it offers is worked out in `completion`, imported at the first Tab."""
+    completer = getattr(shell, "Completer", None)
+    if completer is None or not hasattr(completer, "custom_matchers"):
+        return
+    try:
+        from IPython.core.completer import completion_matcher
+    except ImportError:  # IPython before 8.6: no matcher API v2, no completion
+        return
+
+    @completion_matcher(identifier=COMPLETER_ID, api_version=2, priority=100)
+    def tfgpu_matcher(context: Any) -> dict[str, Any]:
+        from .completion import complete
+
+        return complete(context, controller)
+
+    completer.custom_matchers[:] = [
+        m for m in completer.custom_matchers if getattr(m, "matcher_identifier", None) != COMPLETER_ID
+    ]
+    completer.custom_matchers.append(tfgpu_matcher)
 
 
 def watch_tensorflow_import(magics: TFGPUMagics) -> None:

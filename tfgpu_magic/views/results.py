@@ -65,7 +65,7 @@ def show(value: str | Result | None) -> None:
     elif isinstance(value, Result):
         from IPython.core.interactiveshell import InteractiveShell
 
-        if not InteractiveShell.initialized():
+        if not InteractiveShell.initialized() or _text_only(InteractiveShell.instance()):
             print(value.text())
             return
         from IPython.display import publish_display_data
@@ -73,6 +73,14 @@ def show(value: str | Result | None) -> None:
         publish_display_data({"text/plain": value.text(), "text/html": value.html()})
     elif value:
         print(value)
+
+
+def _text_only(shell: Any) -> bool:
+    """Terminal IPython's own publisher prints text/plain and drops the rest: no HTML to build there
+    (a kernel's, or `capture_output`'s, is another class)."""
+    from IPython.core.displaypub import DisplayPublisher
+
+    return type(getattr(shell, "display_pub", None)) is DisplayPublisher
 
 
 def badge(text: str) -> str:
