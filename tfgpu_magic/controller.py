@@ -78,7 +78,7 @@ class Controller:
 
     def environment(self) -> dict[str, str]:
         """The variables this tool manages, as set in the environment now (by us or inherited)."""
-        return {name: self.environ[name] for name in NAMES if name in self.environ}
+        return {name: value for name in NAMES if (value := self.environ.get(name)) is not None}
 
     def recorded(self, state: RuntimeState | None = None) -> list[str] | None:
         """What TensorFlow has recorded, one line per setting; None while it is not imported."""
@@ -277,8 +277,9 @@ class Controller:
                 target = self._original_env[name]
             else:
                 continue
-            if self.environ.get(name) != target:
-                diff.append((name, self.environ.get(name), target))
+            current = self.environ.get(name)
+            if current != target:
+                diff.append((name, current, target))
         return diff
 
     def _locked_env(self, plan: Plan, state: RuntimeState) -> list[tuple[str, str | None, str | None, str]]:

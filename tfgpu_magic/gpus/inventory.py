@@ -146,8 +146,10 @@ DRIVER_MARKERS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg")
 """Any of these exists where an NVIDIA driver is loaded (the last one under WSL2)."""
 
 
+@functools.cache
 def driver_present() -> bool:
-    """Cheap check before importing pynvml (an 8,000-line module) on a machine without a driver."""
+    """Cheap check before importing pynvml (an 8,000-line module) on a machine without a driver;
+    asked once per process, like NVML is started once (`shared_nvml`)."""
     return sys.platform != "linux" or any(os.path.exists(marker) for marker in DRIVER_MARKERS)
 
 
