@@ -139,7 +139,8 @@ def cuda_loaded(maps: str = PROC_MAPS, driver: Callable[[], bool] = driver_prese
         return None
     if CUDA_DRIVER_LIBRARY not in text:
         return None
-    _libcuda_seen = _libcuda_seen or maps == PROC_MAPS
+    if maps == PROC_MAPS:
+        _libcuda_seen = True
     return LIBCUDA_LOADED
 
 
