@@ -19,11 +19,9 @@ import argparse
 import atexit
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 from typing import Any, Callable
 
@@ -47,9 +45,9 @@ FIGURES: list[tuple[str, str, Callable[[dict[str, Any]], float]]] = [
     ("%load_ext", run.EXTENSION, lambda r: r["load"]),
     ("first %tfgpu status", run.EXTENSION, lambda r: r["status"]),
     ("panel first display", PANEL, lambda r: r["seconds"]),
-    ("policy apply on import", "WITH_EXTENSION = True\n" + textwrap.dedent(run.TF_IMPORT),
+    ("policy apply on import", run.tf_import_snippet(True),
      lambda r: r["applies"][0] if r["applies"] else float("nan")),
-    ("import tensorflow with the extension", "WITH_EXTENSION = True\n" + textwrap.dedent(run.TF_IMPORT),
+    ("import tensorflow with the extension", run.tf_import_snippet(True),
      lambda r: r["seconds"]),
 ]
 """(name, snippet, what to read from its result); figures sharing a snippet share its samples."""

@@ -14,7 +14,7 @@ installed .pyc files, which compares a cold package with warm ones. `--no-pyc-ca
 environment as it is.
 
 Adding a figure: write `def my_figure(bench: Bench) -> Row` and append it to FIGURES. Samples that
-several figures share come from a cached sampler (see `_extension_samples`).
+several figures share come from a cached sampler (see `_vs_shell_start`).
 
 Exit status: 1 if any figure misses its target, so `make bench` fails visibly.
 """
@@ -210,28 +210,27 @@ would otherwise do at the first op) and excludes nothing the hook does but a rep
 
 # ----- samplers shared by several figures ----------------------------------------------------------------
 @functools.cache
+def _vs_shell_start(bench: Bench, snippet: str, what: str) -> tuple[list[dict], list[dict]]:
+    """Fresh shell starts (baseline) paired with fresh runs of `snippet`; figures that read the same
+    snippet share its samples."""
+    progress(f"shell start vs {what}: {bench.repeat} pairs of fresh interpreters")
+    return paired(lambda which: fresh(bench, SHELL_START if which == "baseline" else snippet), bench.repeat)
+
+
 def _extension_samples(bench: Bench) -> tuple[list[dict], list[dict]]:
-    """Fresh shell starts (baseline) paired with fresh `%load_ext` + policy + status runs."""
-    progress(f"shell start vs %load_ext / %tfgpu: {bench.repeat} pairs of fresh interpreters")
-    return paired(lambda which: fresh(bench, SHELL_START if which == "baseline" else EXTENSION), bench.repeat)
+    return _vs_shell_start(bench, EXTENSION, "%load_ext / %tfgpu")
 
 
-@functools.cache
-def _panel_samples(bench: Bench) -> tuple[list[dict], list[dict]]:
-    """Fresh shell starts (baseline) paired with fresh first panel displays."""
-    progress(f"shell start vs first panel display: {bench.repeat} pairs of fresh interpreters")
-    return paired(lambda which: fresh(bench, SHELL_START if which == "baseline" else PANEL), bench.repeat)
+def tf_import_snippet(with_extension: bool) -> str:
+    """`TF_IMPORT` with or without the extension and its policy."""
+    return f"WITH_EXTENSION = {with_extension}\n" + textwrap.dedent(TF_IMPORT)
 
 
 @functools.cache
 def _tf_import_samples(bench: Bench) -> tuple[list[dict], list[dict]]:
     """Fresh `import tensorflow` without (baseline) and with the extension and a policy."""
     progress(f"import tensorflow without / with the extension: {bench.repeat} pairs (~5 s each)")
-
-    def sample(which: str) -> dict:
-        return fresh(bench, f"WITH_EXTENSION = {which == 'measured'}\n" + textwrap.dedent(TF_IMPORT))
-
-    return paired(sample, bench.repeat)
+    return paired(lambda which: fresh(bench, tf_import_snippet(which == "measured")), bench.repeat)
 
 
 # ----- figures ---------------------------------------------------------------------------------------------
@@ -356,7 +355,7 @@ def tf_import_with_vs_without(bench: Bench) -> Row:
 def panel_vs_shell_start(bench: Bench) -> Row:
     """First `Panel` built and displayed / the shell's own start (the issue sets no target; a panel
     that costs more than a whole shell start would be noticed, hence 1.0)."""
-    shells, panels = _panel_samples(bench)
+    shells, panels = _vs_shell_start(bench, PANEL, "first panel display")
     return ratio_row("panel first display / shell start", [p["seconds"] for p in panels],
                      [s["seconds"] for s in shells], 1.0)
 
@@ -431,15 +430,9 @@ def watch_cell_overhead(bench: Bench) -> Row:
     return ratio_row("empty cell, watch on / off", measured, baseline, 1.02)
 
 
-@functools.cache
-def _memory_samples(bench: Bench) -> tuple[list[dict], list[dict]]:
-    progress(f"shell start vs first %tfgpu memory: {bench.repeat} pairs of fresh interpreters")
-    return paired(lambda which: fresh(bench, SHELL_START if which == "baseline" else MEMORY), bench.repeat)
-
-
 def memory_vs_shell_start(bench: Bench) -> Row:
     """First `%tfgpu memory` (TensorFlow not imported) / the shell's own start."""
-    shells, runs = _memory_samples(bench)
+    shells, runs = _vs_shell_start(bench, MEMORY, "first %tfgpu memory")
     heavy = sorted({m for r in runs for m in r["heavy"]})
     return ratio_row("%tfgpu memory / shell start", [r["seconds"] for r in runs], [s["seconds"] for s in shells],
                      0.10, note="imports " + ", ".join(heavy) if heavy else "")

@@ -19,8 +19,8 @@ from .tf.envvars import CUDA_VISIBLE_DEVICES, NAMES
 from .tf.plan import Plan, build_plan, gpu_refs, uses_gpu_settings
 from .language.policy import ALL_GPUS, Policy, is_index
 from .tf.runtime import (ApplyReport, ConfigAPI, RuntimeState, TensorFlowConfig, any_logical_recorded, apply_plan,
-                      env_changes, install_routes, pending_changes, recorded_settings, session_config,
-                      too_late)
+                      current_shell, install_routes, locked_env_lines, pending_changes, recorded_settings,
+                      session_config, too_late)
 
 
 class GpuRow(NamedTuple):
@@ -239,7 +239,7 @@ class Controller:
             report = apply_plan(plan, self.api)
         else:
             importhook.arm(self._on_import)
-            report = ApplyReport(state=state, waiting=True, locked=[c.describe() for c in env_changes(plan)])
+            report = ApplyReport(state=state, waiting=True, locked=locked_env_lines(plan))
         report.applied[:0] = env_applied
         report.notes[:0] = [note for note in plan.notes if note not in self._notes_shown]
         self._notes_shown = set(plan.notes)
@@ -256,7 +256,7 @@ class Controller:
         if not report.ok:
             from .views.status import SCRIPT_RESTART_HINT, describe_report, restart_hint
 
-            shell = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
+            shell = current_shell()
             hint = restart_hint(shell) if shell is not None else SCRIPT_RESTART_HINT
             print(describe_report(report, hint), file=sys.stderr)
 

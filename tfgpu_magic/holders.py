@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .errors import PolicyError
+from .errors import PolicyError, short_error
 from .gpus.inventory import MIB, Inventory
 
 IDLE_HINT_SECONDS = 600.0
@@ -83,15 +83,14 @@ def shutdown(kernel_id: str, yes: bool = False, runtime_dir: Path | None = None)
     try:
         session.server.request("DELETE", f"api/kernels/{kernel_id}")
     except (OSError, ValueError) as err:
-        raise PolicyError(f"the server refused to shut down kernel {kernel_id}: {str(err).splitlines()[0][:200]}") from None
+        raise PolicyError(f"the server refused to shut down kernel {kernel_id}: {short_error(err)}") from None
     return f"Shut down kernel {kernel_id}" + (f" ({session.notebook})" if session.notebook else "") + "."
 
 
 def _own_kernel_id() -> str | None:
     from .gpus import processes
 
-    info = processes.describe(os.getpid())
-    return info.kernel_id
+    return processes.kernel_id_of(processes.connection_file_of(processes.cmdline(os.getpid())))
 
 
 def _size(value: int | None) -> str:

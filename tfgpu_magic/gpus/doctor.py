@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from .cudaenv import parse_cuda_visible
-from .inventory import Gpu, Inventory, Nvml, shared_nvml
+from .inventory import NO_BINDING, Gpu, Inventory, Nvml, shared_nvml
+from .processes import MAPS_BYTES, read_capped
 from ..language.policy import Policy
 from ..tf.envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR
 from ..tf.runtime import ASYNC_ALLOCATOR, ConfigAPI
@@ -161,9 +162,8 @@ def _cuda_lib_dirs() -> tuple[str, ...]:
 def _startup_variable(name: str) -> str | None:
     """`name` as this process started with it (/proc/self/environ), whatever os.environ says now;
     None where that cannot be read, '' where it was unset."""
-    try:
-        raw = Path("/proc/self/environ").read_bytes()
-    except OSError:
+    raw = read_capped(Path("/proc/self/environ"), MAPS_BYTES)
+    if raw is None:
         return None
     prefix = name.encode() + b"="
     return next((item[len(prefix):].decode(errors="replace") for item in raw.split(b"\0") if item.startswith(prefix)),
@@ -179,10 +179,7 @@ def loaded_cuda_libraries(maps: str) -> tuple[str, ...]:
 
 
 def _read_text(path: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
+    return (read_capped(Path(path), MAPS_BYTES) or b"").decode("utf-8", errors="replace")
 
 
 def read_compute_capabilities(inventory: Inventory, nvml: Nvml | None = None) -> dict[int, tuple[int, int]]:
@@ -408,7 +405,7 @@ def _check_compute_capability(m: Machine) -> Check | None:
 
 def _check_nvml(m: Machine) -> Check:
     if not m.inventory.available:
-        missing_binding = (m.inventory.error or "").startswith("nvidia-ml-py is not installed")
+        missing_binding = m.inventory.error == NO_BINDING
         fix = "pip install nvidia-ml-py" if missing_binding else (
             "install the NVIDIA driver on the host (nvidia-smi must work), or start the container with GPUs "
             "(--gpus all)" + ("" if m.nvml_binding else "; for this tool's inventory: pip install nvidia-ml-py"))
@@ -513,11 +510,11 @@ def _check_gpu_order(m: Machine) -> Check | None:
     if not m.api.state().devices_listed or not m.inventory.available or not m.inventory.gpus:
         return None
     raw = m.environ.get(CUDA_VISIBLE_DEVICES)
-    refs = parse_cuda_visible(raw, m.inventory.known_refs()).entries if raw is not None else \
-        [gpu.ref for gpu in m.inventory.gpus]
+    known = m.inventory.known_refs() or set()
+    refs = parse_cuda_visible(raw, known).entries if raw is not None else [gpu.ref for gpu in m.inventory.gpus]
     cards = []
     for ref in refs:
-        found = m.inventory.find(ref) if ref in (m.inventory.known_refs() or ()) else None
+        found = m.inventory.find(ref) if ref in known else None
         cards.append(found if isinstance(found, Gpu) else None)
     pairs = []
     for index, device in enumerate(m.api.devices("GPU")):

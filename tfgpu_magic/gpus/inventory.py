@@ -132,15 +132,28 @@ class InventoryCatalog:
 
     def by_free_memory(self) -> list[Gpu]:
         """GPUs with the most free memory first; ties: lower utilization, then index."""
-        return sorted(
-            self._require("`visible auto` needs the GPU inventory, which is unavailable").gpus,
-            key=lambda g: (-(g.memory_free_mib or 0), 101 if g.utilization_pct is None else g.utilization_pct, g.index),
-        )
+        return sorted(self._require("`visible auto` needs the GPU inventory, which is unavailable").gpus,
+                      key=freest_first)
 
     def uuid_to_index(self) -> dict[str, str]:
         inventory = self.inventory
         return {gpu.uuid: gpu.ref for gpu in inventory.gpus} if inventory.available else {}
 
+
+def self_mib(gpu: Gpu) -> int | None:
+    """MiB this process holds on `gpu` by NVML's process list: 0 when not listed, None when a figure
+    is unknown."""
+    mine = [proc.used_mib for proc in gpu.processes if proc.is_self]
+    return None if None in mine else sum(mine)  # type: ignore[arg-type]
+
+
+def freest_first(gpu: Gpu) -> tuple[int, int, int]:
+    """Sort key: most free memory first; ties: lower utilization (unknown last), then index."""
+    return -(gpu.memory_free_mib or 0), 101 if gpu.utilization_pct is None else gpu.utilization_pct, gpu.index
+
+
+NO_BINDING = "nvidia-ml-py is not installed (`pip install nvidia-ml-py`)"
+"""`Inventory.error` where NVML's Python binding is missing (the doctor's fix depends on it)."""
 
 DRIVER_MARKERS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg")
 """Any of these exists where an NVIDIA driver is loaded (the last one under WSL2)."""
@@ -166,7 +179,7 @@ class Nvml:
             try:
                 import pynvml
             except ImportError:
-                self.error = "nvidia-ml-py is not installed (`pip install nvidia-ml-py`)"
+                self.error = NO_BINDING
                 return
             self.module = pynvml
         try:

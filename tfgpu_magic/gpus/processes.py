@@ -128,13 +128,14 @@ def tensorflow_loaded(pid: int, proc: Path = PROC) -> bool | None:
     return any(marker.encode() in data for marker in TF_MARKERS)
 
 
-def describe(pid: int, proc: Path = PROC, read_maps: bool | None = None) -> ProcessInfo:
-    """`ProcessInfo` of `pid`. `read_maps`: whether to look at its memory map (default: only for
-    this user's processes)."""
-    uid = uid_of(pid, proc)
-    connection = connection_file_of(cmdline(pid, proc))
+def describe(pid: int, proc: Path = PROC) -> ProcessInfo:
+    """`ProcessInfo` of `pid`; its memory map is looked at only for this user's processes."""
+    return _info(pid, uid_of(pid, proc), connection_file_of(cmdline(pid, proc)), proc)
+
+
+def _info(pid: int, uid: int | None, connection: str | None, proc: Path) -> ProcessInfo:
     mine = uid is not None and hasattr(os, "getuid") and uid == os.getuid()
-    tensorflow = tensorflow_loaded(pid, proc) if (mine if read_maps is None else read_maps) else None
+    tensorflow = tensorflow_loaded(pid, proc) if mine else None
     return ProcessInfo(pid, uid, user_name(uid), connection, kernel_id_of(connection), tensorflow)
 
 
@@ -151,9 +152,10 @@ def my_kernels(proc: Path = PROC) -> list[ProcessInfo]:
     me = os.getuid() if hasattr(os, "getuid") else None
     found = []
     for pid in all_pids(proc):
-        if uid_of(pid, proc) != me or connection_file_of(cmdline(pid, proc)) is None:
-            continue
-        found.append(describe(pid, proc))
+        uid = uid_of(pid, proc)
+        connection = connection_file_of(cmdline(pid, proc)) if uid == me else None
+        if connection is not None:
+            found.append(_info(pid, uid, connection, proc))
     return found
 
 

@@ -21,7 +21,7 @@ from typing import Iterator
 
 from .. import safefile
 from ..errors import PolicyError
-from .inventory import Gpu, Inventory
+from .inventory import Gpu, Inventory, freest_first
 
 FORMAT = "tfgpu_magic/reservation/1"
 PREFIX, SUFFIX = "tfgpu-gpu-", ".json"
@@ -111,18 +111,20 @@ def _prune(directory: Path) -> list[Reservation]:
     return live
 
 
-def rank(inventory: Inventory, reservations: list[Reservation], now: float | None = None) -> list[Gpu]:
-    """GPUs freest first, those given to a kernel in the last `HOLD_SECONDS` after all others."""
+def held_counts(reservations: list[Reservation]) -> dict[str, int]:
+    """GPU UUID → how many kernels were given it in the last `HOLD_SECONDS`."""
     held: dict[str, int] = {}
     for reservation in reservations:
-        if reservation.fresh(now):
+        if reservation.fresh():
             for uuid in reservation.gpus:
                 held[uuid] = held.get(uuid, 0) + 1
-    return sorted(
-        inventory.gpus,
-        key=lambda g: (held.get(g.uuid, 0), -(g.memory_free_mib or 0),
-                       101 if g.utilization_pct is None else g.utilization_pct, g.index),
-    )
+    return held
+
+
+def rank(inventory: Inventory, reservations: list[Reservation]) -> list[Gpu]:
+    """GPUs freest first, those given to a kernel in the last `HOLD_SECONDS` after all others."""
+    held = held_counts(reservations)
+    return sorted(inventory.gpus, key=lambda g: (held.get(g.uuid, 0), *freest_first(g)))
 
 
 def reserve(kernel_id: str, count: int, inventory: Inventory, directory: Path) -> Reservation:
@@ -133,7 +135,7 @@ def reserve(kernel_id: str, count: int, inventory: Inventory, directory: Path) -
     with locked(directory):
         others = [r for r in _prune(directory) if r.kernel_id != kernel_id]
         picked = rank(inventory, others)[:count]
-        held = {uuid for r in others if r.fresh() for uuid in r.gpus}
+        held = held_counts(others)
         why = "auto picked " + ", ".join(_describe(g, g.uuid in held) for g in picked)
         reservation = Reservation(kernel_id, tuple(g.uuid for g in picked), why, os.getpid(), None, time.time(),
                                   path_for(kernel_id, directory))

@@ -15,6 +15,7 @@ in terminal IPython, and in any kernel with nothing pending (one directory listi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -120,39 +121,32 @@ def take_pending(kernel_key: str, directory: Path | None = None) -> Policy | Non
         clean_gone(directory)
 
 
-def clean_gone(directory: Path, max_age: float = STALE_SECONDS) -> list[Path]:
+def clean_gone(directory: Path) -> None:
     """Remove the pending files of kernels that are gone: their connection file no longer exists, or
-    they are older than `max_age` seconds. Only files that are provably ours are touched: our name
-    prefix, a private regular file of this user, our format, and the key inside matching the name.
-    Returns the files removed."""
+    they are older than `STALE_SECONDS`. Only files that are provably ours are touched: our name
+    prefix, a private regular file of this user, our format, and the key inside matching the name."""
     now = time.time()
     try:
         candidates = sorted(directory.glob(f"{PENDING_PREFIX}*.json"))
     except OSError:
-        return []
-    removed = []
+        return
     for path in candidates:
         try:
             record = read_record(path)
         except PolicyError:
             continue  # not ours, or unusable: shown as a warning to its own kernel, left as it is
-        if record is None or not _is_gone(path, record, now, max_age):
-            continue
-        try:
-            path.unlink()
-        except OSError:
-            continue
-        removed.append(path)
-    return removed
+        if record is not None and _is_gone(path, record, now):
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
-def _is_gone(path: Path, record: dict[str, Any], now: float, max_age: float) -> bool:
+def _is_gone(path: Path, record: dict[str, Any], now: float) -> bool:
     key, created, connection = record.get("kernel_id"), record.get("created"), record.get("connection_file")
     if not isinstance(key, str) or pending_path(key, path.parent).name != path.name:
         return False  # our format, but not a file we named: leave it
     if isinstance(connection, str) and not os.path.exists(connection):
         return True
-    return isinstance(created, (int, float)) and now - created > max_age
+    return isinstance(created, (int, float)) and now - created > STALE_SECONDS
 
 
 # ----- startup files in the IPython profile -----------------------------------------------------
@@ -249,11 +243,11 @@ def write_startup(profile_dir: str | Path, name: str) -> Path:
     return path
 
 
-def upgrade_startup_files(profile_dir: str | Path) -> None:
-    """Rewrite, in place, startup files that an older version of this project wrote (same marker
-    line, other code): theirs may leak tracebacks into environments without tfgpu_magic. Anything
-    that is not ours is left alone; problems are not worth a warning here."""
-    for name in STARTUP_FILES:
+def upgrade_startup_files(profile_dir: str | Path, names: tuple[str, ...] = tuple(STARTUP_FILES)) -> None:
+    """Rewrite, in place, startup files (`names`) that an older version of this project wrote (same
+    marker line, other code): theirs may leak tracebacks into environments without tfgpu_magic.
+    Anything that is not ours is left alone; problems are not worth a warning here."""
+    for name in names:
         path = startup_path(profile_dir, name)
         if not path.is_file():  # the common case: one stat per file
             continue

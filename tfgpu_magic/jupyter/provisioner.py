@@ -104,21 +104,19 @@ class TFGPUProvisioner(LocalProvisioner):  # type: ignore[misc]  (jupyter_client
             granted = granted_gpus(found, inherited_visible) if found.available else None
             if not found.available:
                 warning = NO_INVENTORY.format(error=found.error)
-                policy = policy.edited(visible=None)
             elif granted is None:
                 warning = NOT_GRANTED.format(value=inherited_visible)
-                policy = policy.edited(visible=None)
             elif len(granted.gpus) < count:
                 warning = TOO_FEW.format(count=count, found=len(granted.gpus))
-                policy = policy.edited(visible=None)
             else:
                 try:
                     self._reservation = reservations.reserve(self._key(), count, granted, persist.runtime_dir())
                 except (OSError, PolicyError) as err:  # an odd runtime dir must not stop the kernel
                     warning = NO_RESERVATION.format(error=err)
-                    policy = policy.edited(visible=None)
-                else:
-                    policy = policy.edited(visible=self._reservation.gpus, sources=(("visible", self._reservation.why),))
+            if warning is not None or self._reservation is None:  # every GPU stays visible, with the warning
+                policy = policy.edited(visible=None)
+            else:
+                policy = policy.edited(visible=self._reservation.gpus, sources=(("visible", self._reservation.why),))
         policy.validate()
         self._resolved, self._warning = policy, warning
         return policy, warning

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 from . import persist
 from .. import safefile
-from ..errors import PolicyError, warn
+from ..errors import PolicyError, short_error, warn
 from ..language.policy import Policy
 from .startup import connection_file, kernel_key, on_next, server_kernel_id
 
@@ -131,10 +131,10 @@ class Route(NamedTuple):
         return self.kind in ("server", "exit")
 
 
-def ancestors(depth: int = ANCESTOR_DEPTH) -> list[int]:
+def ancestors() -> list[int]:
     """This process's parent, its parent, … (only the parent where /proc is missing)."""
     pids = [os.getppid()]
-    while len(pids) < depth:
+    while len(pids) < ANCESTOR_DEPTH:
         try:
             stat = Path(f"/proc/{pids[-1]}/stat").read_text(encoding="ascii", errors="replace")
             parent = int(stat.rsplit(")", 1)[1].split()[1])
@@ -241,15 +241,11 @@ def find_server(kernel_id: str, runtime_dir: Path | None = None) -> Server | Non
         try:
             reply = server.request("GET", f"api/kernels/{kernel_id}")
         except (OSError, ValueError) as err:  # PolicyError is a ValueError
-            warn(f"the Jupyter server of {path.name} did not confirm this kernel: {_short(err)}")
+            warn(f"the Jupyter server of {path.name} did not confirm this kernel: {short_error(err)}")
             continue
         if isinstance(reply, dict) and reply.get("id") == kernel_id:
             return server
     return None
-
-
-def _short(err: BaseException) -> str:
-    return str(err).splitlines()[0][:200] if str(err) else type(err).__name__
 
 
 def choose_route(shell: Any) -> Route:
@@ -331,7 +327,7 @@ def _post_restart(shell: Any, server: Server, kernel_id: str, delay: float) -> N
         return
     except OSError as err:  # a refusal
         message = (
-            f"tfgpu_magic: the kernel was NOT restarted: its Jupyter server refused ({_short(err)}). "
+            f"tfgpu_magic: the kernel was NOT restarted: its Jupyter server refused ({short_error(err)}). "
             "The policy stays stored; restart the kernel from your front end to apply it."
         )
         on_next(shell, "pre_run_cell", lambda: print(message, file=sys.stderr))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import persist
+from ..errors import warn
 
 if TYPE_CHECKING:
     from ..controller import Controller
@@ -77,12 +78,13 @@ def load_if_pending(shell: Any) -> None:
     key = current_kernel_key(shell)
     path = persist.pending_path(key) if key is not None else None
     if path is None or not path.exists():
-        persist.upgrade_startup_files(shell.profile_dir.location)
+        # this file only: an autoload file is brought up to date by the `%load_ext` it runs
+        persist.upgrade_startup_files(shell.profile_dir.location, (persist.PENDING_STARTUP_NAME,))
         return
     try:
         shell.run_line_magic("load_ext", "tfgpu_magic")
     except Exception as err:  # noqa: BLE001 (a kernel must start whatever happens here)
-        print(f"tfgpu_magic: could not apply the pending policy {path}: {err}", file=sys.stderr)
+        warn(f"could not apply the pending policy {path}: {err}")
 
 
 def say(shell: Any, text: str, warning: bool = False) -> None:

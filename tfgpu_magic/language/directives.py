@@ -116,10 +116,6 @@ class Directive:
         return tuple(form.usage for form in self.forms)
 
     @property
-    def help(self) -> str:
-        return self.forms[0].help
-
-    @property
     def in_cell(self) -> bool:
         """Edits only: a cell is one policy change, checked as a whole; an action does something."""
         return self.kind == "edit"

@@ -1,6 +1,6 @@
 """The closed word sets shared by the policy and the directive registry.
 
-A leaf module without imports, so that the registry (read at `%load_ext` to build `%tfgpu?`)
+A leaf module without imports, so that the registry (read to build `%tfgpu?`)
 needs neither the policy module nor anything else."""
 
 from __future__ import annotations

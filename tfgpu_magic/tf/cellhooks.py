@@ -7,18 +7,12 @@ imported already (both idempotent); outside IPython it does nothing.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from . import initcell, oom
 from .memory import WATCH_ATTRIBUTE
 from .memory import Controller as MemorySource
-
-
-def current_shell() -> Any:
-    """The running IPython shell, None outside IPython (never imports IPython)."""
-    ipython = sys.modules.get("IPython")
-    return ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+from .runtime import current_shell
 
 
 def on_tensorflow_import(controller: MemorySource, shell: Any = None) -> None:

@@ -21,8 +21,7 @@ class Moment(NamedTuple):
 IMPORT = Moment("TensorFlow import", "read when TensorFlow was imported")
 CUDA_START = Moment("CUDA start (TensorFlow's first device listing)", "read when CUDA started")
 ALLOCATOR_CREATION = Moment("GPU allocator creation", "read when TensorFlow created the GPU allocators")
-INITIALIZATION = Moment("runtime initialization", "read when the runtime was initialized")
-MOMENTS = (IMPORT, CUDA_START, ALLOCATOR_CREATION, INITIALIZATION)
+MOMENTS = (IMPORT, CUDA_START, ALLOCATOR_CREATION)
 
 
 class EnvVar(NamedTuple):

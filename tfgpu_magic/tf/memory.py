@@ -14,7 +14,7 @@ import sys
 from typing import Any, Mapping, NamedTuple, Protocol, Sequence
 
 from ..gpus.cudaenv import parse_cuda_visible
-from ..gpus.inventory import MIB, Gpu, Inventory
+from ..gpus.inventory import MIB, Gpu, Inventory, self_mib
 from ..language.policy import ALL_GPUS
 from .envvars import CUDA_VISIBLE_DEVICES, TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR
 from .plan import Plan
@@ -259,7 +259,6 @@ def memory(controller: Controller, api: MemoryAPI | None = None, inventory: Inve
         figures = [stats[device] for device in devices if stats.get(device) is not None]
         cap = cap_for(controller, card, state, plan)
         others = [proc for proc in gpu.processes if not proc.is_self] if gpu is not None else []
-        mine = [proc.used_mib for proc in gpu.processes if proc.is_self] if gpu is not None else []
         rows.append({
             "gpu": gpu.ref if gpu is not None else None,
             "tf_device": f"GPU:{card.tf_index}",
@@ -269,7 +268,7 @@ def memory(controller: Controller, api: MemoryAPI | None = None, inventory: Inve
             "initialized": state.initialized,
             "tensors_bytes": sum(f[0] for f in figures) if figures else None,
             "peak_bytes": sum(f[1] for f in figures) if figures else None,
-            "process_mib": (None if None in mine else sum(mine)) if mine else (0 if gpu is not None else None),
+            "process_mib": self_mib(gpu) if gpu is not None else None,
             "total_mib": gpu.memory_total_mib if gpu is not None else None,
             "free_mib": gpu.memory_free_mib if gpu is not None else None,
             "others_mib": None if gpu is None or any(p.used_mib is None for p in others)

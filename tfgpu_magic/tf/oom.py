@@ -31,6 +31,7 @@ import sys
 from types import FrameType
 from typing import Any, Callable
 
+from ..errors import error_text
 from .memory import MemoryAPI, TensorFlowMemory, bytes_text, memory, mib_text, oom_types, parse_oom
 from .memory import Controller as MemorySource
 
@@ -75,7 +76,7 @@ def is_dnn_startup_failure(error: BaseException) -> bool:
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        text = str(getattr(current, "message", None) or current).lower()
+        text = error_text(current).lower()
         if any(fragment in text for fragment in DNN_STARTUP_FAILURES):
             return True
         current = current.__cause__ or current.__context__
@@ -129,7 +130,7 @@ def explain(error: BaseException, controller: MemorySource, api: MemoryAPI | Non
             peak_from_cell: bool = False) -> list[str]:
     """The `tfgpu:` lines after an OOM's traceback. `peak_from_cell`: the peak was reset before the
     cell (`%tfgpu watch on`), else it is the process's peak so far."""
-    message = str(getattr(error, "message", None) or error)
+    message = error_text(error)
     request = parse_oom(message)
     device = request.device if request else None
     lines = []

@@ -14,7 +14,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
+from ..errors import error_text
 from ..gpus.inventory import driver_present
+from ..language.words import ALLOCATORS
 from . import envvars
 from .envvars import TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR, Moment
 from .plan import Plan
@@ -22,7 +24,7 @@ from .plan import Plan
 LOCKED_MARKER = "cannot be modified after"
 """Text of TensorFlow's RuntimeError when a device setting changes after initialization."""
 
-ASYNC_ALLOCATOR = "cuda_malloc_async"
+ASYNC_ALLOCATOR = ALLOCATORS["async"]
 
 
 class RuntimeState(NamedTuple):
@@ -56,7 +58,6 @@ class RuntimeState(NamedTuple):
             envvars.IMPORT: self.imported,
             envvars.CUDA_START: self.cuda_fixed,
             envvars.ALLOCATOR_CREATION: self.gpu_memory_fixed,
-            envvars.INITIALIZATION: self.initialized,
         }[moment]
 
     @property
@@ -97,13 +98,18 @@ def record_devices_created(route: str) -> None:
         _created_by = route
 
 
+def current_shell() -> Any:
+    """The running IPython shell, None outside IPython (never imports IPython)."""
+    ipython = sys.modules.get("IPython")
+    return ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+
+
 def where() -> str:
     """The input cell running now, read at call time (no per-cell hook), else 'outside IPython'.
 
     The cell's number is the last stored input's: IPython stores the input before running it, while
     `execution_count` moved from "this cell" (IPython 8) to "the next one" (IPython 9) during a cell."""
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    shell = current_shell()
     if shell is None:
         return "outside IPython"
     inputs = getattr(getattr(shell, "history_manager", None), "input_hist_parsed", None)
@@ -374,6 +380,11 @@ def _show_entry(entry: int | None | LogicalSpec) -> str:
     return f"{_show_entry(entry.memory_limit)} ({', '.join(extras)})"
 
 
+def locked_env_lines(plan: Plan) -> list[str]:
+    """`env_changes` as the report's lines."""
+    return [change.describe() for change in env_changes(plan)]
+
+
 def env_changes(plan: Plan) -> list[Change]:
     """The plan's environment variables TensorFlow or CUDA already read (`Plan.locked_env`)."""
     return [Change(name, current or "unset", target or "unset", None, why) for name, current, target, why in
@@ -470,13 +481,13 @@ def apply_plan(plan: Plan, api: ConfigAPI | None = None) -> ApplyReport:
     if report.state.imported:
         report.applied += api.set_loglevel(plan.loglevel)
     if not plan.has_tf_steps and not report.state.devices_listed:
-        report.locked = [change.describe() for change in env_changes(plan)]
+        report.locked = locked_env_lines(plan)
         return report  # nothing for tf.config, and listing devices would start CUDA for nothing
     tf_errors = api.errors()
     try:
         changes, report.notes = pending_changes(plan, api)
     except tf_errors as err:  # C++ side, e.g. CUDA failing to start while listing devices
-        report.locked = [change.describe() for change in env_changes(plan)]
+        report.locked = locked_env_lines(plan)
         report.failed.append(f"listing TensorFlow's devices: TensorFlow said: {_first_line(err)}")
         return report
     for change in changes:
@@ -536,7 +547,7 @@ def _absl_verbosity(absl: Any, level: str) -> Any:
 
 def _first_line(err: BaseException) -> str:
     """TensorFlow's C++ errors carry multi-line context; the report keeps one line each."""
-    text = str(getattr(err, "message", None) or err).strip()
+    text = error_text(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
 
 

@@ -20,11 +20,12 @@ from ..controller import Controller, GpuRow, get_controller
 from ..errors import PolicyError
 from ..gpus.inventory import Gpu
 from ..jupyter.restart import TO_DO_FRONTEND
-from ..language.grammar import default_edit
+from ..language.directives import LOGLEVEL_OFF
+from ..language.grammar import Edit, default_edit
 from ..language.policy import LOGLEVELS
-from ..tf import initcell
+from ..language.words import ALLOCATORS
 from ..tf.memory import mib_text
-from .results import OK_COLOR, WARN_COLOR, badge
+from .results import badge, state_label_html
 from .status import describe_report
 
 REFRESH_SECONDS = 2.0
@@ -39,8 +40,6 @@ CELL_CSS = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;font-varia
 COLUMNS = (("GPU", "52px"), ("card", "175px"), ("memory", "192px"), ("busy", "70px"),
            ("processes", "220px"), ("visible", "52px"), ("limit", "96px"), ("split", "104px"))
 """The GPU table's columns (one grid, so every card's row lines up like nvitop's table)."""
-TF_DEFAULT = {name: default_edit(name) for name in ("growth", "allocator")}
-"""The grammar's edits back to TensorFlow's default for the dropdowns' "TF default"."""
 
 
 def _cell(text: str, title: str = "") -> str:
@@ -148,9 +147,9 @@ class Panel:
         self.error = w.HTML()
         self.growth = w.Dropdown(options=[("TF default", "default"), ("on", "on"), ("off", "off")],
                                  description="Growth", style={"description_width": "90px"})
-        self.allocator = w.Dropdown(options=[("TF default", "default"), ("bfc", "bfc"), ("async", "async")],
+        self.allocator = w.Dropdown(options=[("TF default", "default"), *((name, name) for name in ALLOCATORS)],
                                     description="Allocator", style={"description_width": "90px"})
-        self.loglevel = w.Dropdown(options=[("TF default", "off"), *((level, level) for level in LOGLEVELS)],
+        self.loglevel = w.Dropdown(options=[("TF default", LOGLEVEL_OFF), *((level, level) for level in LOGLEVELS)],
                                    description="Log level",
                                    style={"description_width": "90px"})
         self.cpus = w.Text(placeholder="TF default", description="CPU devices", continuous_update=False,
@@ -215,9 +214,9 @@ class Panel:
     def _wire(self) -> None:
         self.who_section.observe(lambda c: self.refresh_who(), "selected_index")
         self.growth.observe(lambda c: self._edit(f"growth {c['new']}" if c["new"] != "default"
-                                                 else None, "growth"), "value")
+                                                 else default_edit("growth")), "value")
         self.allocator.observe(lambda c: self._edit(f"allocator {c['new']}" if c["new"] != "default"
-                                                    else None, "allocator"), "value")
+                                                    else default_edit("allocator")), "value")
         self.loglevel.observe(lambda c: self._edit(f"loglevel {c['new']}"), "value")
         self.cpus.observe(lambda c: self._edit(f"split cpu {c['new'].strip()}" if c["new"].strip()
                                                else "split off cpu"), "value")
@@ -248,13 +247,13 @@ class Panel:
     def _split_directive(ref: str, text: str) -> str:
         return f"split {ref} {text.strip()}" if text.strip() else f"split off {ref}"
 
-    def _edit(self, directive: str | None, field: str = "") -> None:
-        """Send one directive (None: `field` back to TF's default) through the grammar's edit path; on
-        error show the magic's message and revert."""
+    def _edit(self, directive: str | Edit) -> None:
+        """Send one directive (or the grammar's edit back to TF's default) through the grammar's edit
+        path; on error show the magic's message and revert."""
         if self._syncing:
             return
         try:
-            edit = TF_DEFAULT[field] if directive is None else self.controller.parse(directive)
+            edit = directive if isinstance(directive, Edit) else self.controller.parse(directive)
             report = self.controller.edit([edit])
         except PolicyError as err:
             self.error.value = f"<span style='color:var(--jp-error-color1, #d32f2f)'>{html.escape(str(err))}</span>"
@@ -285,7 +284,7 @@ class Panel:
         try:
             self.growth.value = "default" if policy.growth is None else ("on" if policy.growth else "off")
             self.allocator.value = policy.allocator or "default"
-            self.loglevel.value = policy.loglevel or "off"
+            self.loglevel.value = policy.loglevel or LOGLEVEL_OFF
             self.cpus.value = str(policy.cpu_devices or "")
             for ref, gpu in self.controller.gpu_settings(self.visible).items():
                 self.visible[ref].value = gpu.visible
@@ -303,10 +302,8 @@ class Panel:
         self.header.value = self._header_html(state)
 
     def _header_html(self, state: Any) -> str:
-        fixed = state.gpu_memory_fixed
-        color = WARN_COLOR if fixed else OK_COLOR
-        lines = [f"<b>tfgpu</b> · TensorFlow: <span style='color:{color}'>{html.escape(initcell.label(state.label))}</span>"]
-        if fixed:
+        lines = [f"<b>tfgpu</b> · TensorFlow: {state_label_html(state)}"]
+        if state.gpu_memory_fixed:
             reason = LOCKED_REASON if state.initialized else "GPU memory settings wait for Restart kernel and apply"
             lines.append(f"{badge('locked')} {reason}")
         for title, items in self.controller.pending(state):

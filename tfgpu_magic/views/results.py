@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..gpus.inventory import Inventory
 from ..tf import initcell
-from .status import StatusSnapshot, status_text
+from .status import StatusSnapshot, no_gpus_text, status_text
 
 if TYPE_CHECKING:
     from ..gpus.doctor import Check
+    from ..tf.runtime import RuntimeState
 
 OK_COLOR = "var(--jp-success-color1, #388e3c)"
 WARN_COLOR = "var(--jp-warn-color1, #f57c00)"
@@ -88,11 +89,15 @@ def badge(text: str) -> str:
     return f"<span style='{LOCK_BADGE}'>{html.escape(text)}</span>"
 
 
+def state_label_html(state: RuntimeState) -> str:
+    """TensorFlow's state in colour: orange once GPU memory settings are fixed."""
+    color = WARN_COLOR if state.gpu_memory_fixed else OK_COLOR
+    return f"<span style='color:{color}'>{html.escape(initcell.label(state.label))}</span>"
+
+
 def state_html(snap: StatusSnapshot) -> str:
-    """TensorFlow's state in colour (orange once GPU memory settings are fixed), with the badge."""
-    color = WARN_COLOR if snap.locked else OK_COLOR
-    text = f"<span style='color:{color}'>{html.escape(initcell.label(snap.state.label))}</span>"
-    return text + (" " + badge("locked") if snap.locked else "")
+    """`state_label_html`, with the badge once locked."""
+    return state_label_html(snap.state) + (" " + badge("locked") if snap.locked else "")
 
 
 def _rows(rows: list[tuple[str, str]]) -> str:
@@ -108,11 +113,9 @@ def _list(items: tuple[str, ...] | list[str]) -> str:
 
 def gpus_html(inventory: Inventory) -> str:
     """The GPU list as a table (nvidia-smi numbering), or why there is none."""
-    if not inventory.available:
-        reason = (inventory.error or "").split(" (")[0]
-        return html.escape(f"none found: {reason} — `%tfgpu doctor` says more")
-    if not inventory.gpus:
-        return "none: NVML sees no GPU"
+    why = no_gpus_text(inventory)
+    if why is not None:
+        return html.escape(why)
     head = "".join(f"<th style='{CELL}'>{title}</th>" for title in ("GPU", "name", "memory used", "busy", "UUID"))
     lines = [f"<tr>{head}</tr>"]
     for gpu in inventory.gpus:

@@ -181,13 +181,19 @@ def describe_cuda_visible(raw: str | None, inventory: Inventory) -> list[str]:
     return [f"CUDA_VISIBLE_DEVICES={quote(raw)} → CUDA uses GPU {shown}{stop}"]
 
 
+def no_gpus_text(inventory: Inventory) -> str | None:
+    """Why there is no GPU list (the error's first clause; the doctor has the rest); None with GPUs."""
+    if not inventory.available:
+        reason = (inventory.error or "").split(" (")[0]
+        return f"none found: {reason} — `%tfgpu doctor` says more"
+    return None if inventory.gpus else "none: NVML sees no GPU"
+
+
 def describe_gpus(inventory: Inventory) -> list[str]:
     """Live memory per GPU and per process, nvidia-smi numbering; why there is no list if none."""
-    if not inventory.available:  # the first clause says it; the doctor has the rest
-        reason = (inventory.error or "").split(" (")[0]
-        return [row("GPUs", f"none found: {reason} — `%tfgpu doctor` says more")]
-    if not inventory.gpus:
-        return [row("GPUs", "none: NVML sees no GPU")]
+    why = no_gpus_text(inventory)
+    if why is not None:
+        return [row("GPUs", why)]
     lines = [f"GPUs (NVML, driver {inventory.driver_version}, nvidia-smi numbering):"]
     for gpu in inventory.gpus:
         busy = "" if gpu.utilization_pct is None else f", {gpu.utilization_pct}% busy"

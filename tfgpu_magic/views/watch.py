@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import PolicyError
-from ..gpus.inventory import MIB, Inventory, read_inventory
+from ..gpus.inventory import MIB, Inventory, read_inventory, self_mib
 from ..tf.memory import WATCH_ATTRIBUTE, Controller, MemoryAPI, TensorFlowMemory, bytes_text, memory
 
 GROWTH_CELLS = 4
@@ -64,13 +64,13 @@ class Watch:
         if not lanes:
             return {}
         inventory = self.inventory() if any(lane.ref is not None for lane in lanes) else Inventory()
-        held = {gpu.ref: [p.used_mib for p in gpu.processes if p.is_self] or [0] for gpu in inventory.gpus}
+        held = {gpu.ref: self_mib(gpu) for gpu in inventory.gpus}
         figures = {}
         for lane in lanes:
             stats = [s for s in (self.api.info(device) for device in lane.devices) if s is not None]
             mine = held.get(lane.ref or "")
             figures[lane.label] = Figures(sum(s[0] for s in stats), sum(s[1] for s in stats),
-                                          None if mine is None or None in mine else sum(mine) * MIB)
+                                          None if mine is None else mine * MIB)
         return figures
 
     def pre(self, info: Any = None) -> None:
