@@ -9,7 +9,8 @@ carrying an error code. UUIDs, names and the driver version come back as `str` (
 or, with `text_as_bytes=True`, as `bytes` (older releases).
 
 Failures are configurable: `init_error` makes `nvmlInit` raise (no driver), `fail` makes named calls
-raise on every GPU, `FakeGpu.fail` on one GPU only.
+raise on every GPU, `FakeGpu.fail` on one GPU only. `OlderBinding` stands for an nvidia-ml-py that
+predates some functions (the module has no such attribute).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
 
 _ERROR_TEXT = {
@@ -37,6 +39,7 @@ _ERROR_TEXT = {
     NVML_ERROR_NOT_FOUND: "Not Found",
     NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
     NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+    NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
     NVML_ERROR_GPU_IS_LOST: "GPU is lost",
 }
 
@@ -76,6 +79,8 @@ class FakeGpu:
     mig: list[FakeMig] | None = None
     mig_enabled: bool = False
     max_mig_slots: int = 7
+    compute_capability: tuple[int, int] = (8, 0)
+    """(major, minor) as `nvmlDeviceGetCudaComputeCapability` gives it (an A100 is 8.0)."""
     fail: dict[str, int] = field(default_factory=dict)
     """Function name → NVML error code raised for this GPU only."""
 
@@ -195,6 +200,10 @@ class FakeNvml:
             for pid, mib in handle.gpu.processes
         ]
 
+    def nvmlDeviceGetCudaComputeCapability(self, handle: Handle) -> tuple[int, int]:
+        self._enter("nvmlDeviceGetCudaComputeCapability", handle)
+        return handle.gpu.compute_capability
+
     def nvmlDeviceGetMigMode(self, handle: Handle) -> list[int]:
         self._enter("nvmlDeviceGetMigMode", handle)
         if handle.gpu.mig is None:
@@ -212,6 +221,19 @@ class FakeNvml:
             if mig.slot == index:
                 return Handle(handle.gpu, mig)
         raise NVMLError(NVML_ERROR_NOT_FOUND)  # an empty slot, as NVML reports it
+
+
+class OlderBinding:
+    """A `pynvml` module from before the functions in `missing` were added: `fake` without them."""
+
+    def __init__(self, fake: FakeNvml, missing: set[str]) -> None:
+        self.fake = fake
+        self.missing = missing
+
+    def __getattr__(self, name: str) -> object:
+        if name in self.missing:
+            raise AttributeError(f"module 'pynvml' has no attribute {name!r}")
+        return getattr(self.fake, name)
 
 
 # ----- the standard machine of the tests ---------------------------------------------------------

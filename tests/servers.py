@@ -566,10 +566,13 @@ class Recorded:
 
 
 class RecordingListener:
-    """An HTTP server on 127.0.0.1 (a thread of this process) that records every request and answers
-    each with `reply(method, path)` → (status, headers, body). Use as a context manager."""
+    """An HTTP server on `host` (127.0.0.1, or ::1; a thread of this process) that records every request
+    and answers each with `reply(method, path)` → (status, headers, body). Use as a context manager."""
 
-    def __init__(self, reply: Callable[[str, str], tuple[int, dict[str, str], bytes]] | None = None) -> None:
+    def __init__(
+        self, reply: Callable[[str, str], tuple[int, dict[str, str], bytes]] | None = None, host: str = "127.0.0.1"
+    ) -> None:
+        import socket
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         self.requests: list[Recorded] = []
@@ -595,9 +598,12 @@ class RecordingListener:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        self.server = Server((host, 0), Handler)
         self.port = self.server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}/"
+        self.url = f"http://{f'[{host}]' if ':' in host else host}:{self.port}/"
         self.thread = threading.Thread(target=self.server.serve_forever, name="recording-listener", daemon=True)
 
     def __enter__(self) -> RecordingListener:

@@ -419,15 +419,17 @@ def test_recorded_settings_show_what_tensorflow_holds() -> None:
 
 # ----- regressions: bugs once found through the fake --------------------------------------------
 def test_limit_off_after_it_was_recorded_is_not_claimed_in_force() -> None:
-    """TF cannot drop a logical config: `limit off` is reported as needing a restart, not as done."""
+    """TF cannot drop a logical config: `limit off` is reported as needing a restart, not as done; and
+    the policy left wants no `CUDA_DEVICE_ORDER`, which CUDA read already: restoring it waits too."""
     fake, ctl = session(2)
     edit(ctl, "limit 2GB 0")
     report = edit(ctl, "limit off")
     assert not report.ok and report.applied == []
-    assert [item.split(":")[0] for item in report.locked] == ["logical devices of GPU"]
-    assert "GPU:0: 2048 MiB → TF default" in report.locked[0]
+    assert [item.split(":")[0] for item in report.locked] == ["CUDA_DEVICE_ORDER", "logical devices of GPU"]
+    assert report.locked[0] == "CUDA_DEVICE_ORDER: PCI_BUS_ID → unset (read when CUDA started)"
+    assert "GPU:0: 2048 MiB → TF default" in report.locked[1]
     pending = status.describe_status(ctl).split("Pending, needs a restart:\n", 1)
-    assert len(pending) == 2 and report.locked[0] in pending[1]
+    assert len(pending) == 2 and all(item in pending[1] for item in report.locked)
     assert gpus_in_force(fake.initialize()) == [(0, False, (2048,)), (1, False, None)]  # what the report warned of
 
 

@@ -441,3 +441,28 @@ def test_plain_lines_split_as_shlex_splits_them(line: str) -> None:
         assert grammar.split_words(line) == shlex.split(line)
     else:
         assert any(c in line for c in "'\"\\#") or not all(c in string.printable and c not in "\x0b\x0c" for c in line)
+
+
+# ----- a limit as the user wrote it (issue 19 §2.9) ---------------------------------------------------
+def test_a_percentage_limit_is_shown_as_written_until_another_limit_replaces_it() -> None:
+    """`limit 50%` keeps the MiB it applies and how it was written, per card; a later limit on a card,
+    `limit off` on it, or a limit on every GPU drops the percentage of the cards it changes."""
+    from fake_nvml import FakeNvml, four_gpus
+
+    from tfgpu_magic.gpus.inventory import InventoryCatalog, Nvml, read_inventory
+    from tfgpu_magic.language.directives import describe_policy
+
+    catalog = InventoryCatalog(read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False)))))
+    policy = Policy()
+    shown = []
+    for line in ("limit 50%", "limit 1GB 1", "limit off 2", "limit 25% 1", "limit 2GB"):
+        policy = apply_edit(policy, parse_line(line, catalog), catalog)
+        shown.append(describe_policy(policy))
+    assert shown == [
+        ["limit 50% (40960 MiB) on GPU 0, 1, 2, 50% (20480 MiB) on GPU 3"],
+        ["limit 50% (40960 MiB) on GPU 0, 2, 1024 MiB on GPU 1, 50% (20480 MiB) on GPU 3"],
+        ["limit 50% (40960 MiB) on GPU 0, 1024 MiB on GPU 1, 50% (20480 MiB) on GPU 3"],
+        ["limit 50% (40960 MiB) on GPU 0, 25% (20480 MiB) on GPU 1, 50% (20480 MiB) on GPU 3"],
+        ["limit 2048 MiB on every visible GPU"],
+    ]
+    assert policy.limits_written == () and Policy.from_dict(policy.to_dict()) == policy

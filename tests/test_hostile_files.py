@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import os
 import stat
-import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+from faults_support import bounded
 from servers import KernelConnection, isolated_jupyter, standalone_kernel, wait_until, write_server_file
 
 from tfgpu_magic.jupyter import persist, restart, startup
@@ -73,25 +73,6 @@ def snapshot(path: Path) -> tuple[Any, ...]:
     return stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), content
 
 
-def bounded(call: Callable[[], Any], seconds: float = READ_BOUND) -> Any:
-    """`call()` in a thread; fails if it takes longer than `seconds` (it would hang on a FIFO)."""
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["value"] = call()
-        except BaseException as err:  # noqa: BLE001 (reported below)
-            outcome["error"] = err
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still reading after {seconds} s"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome.get("value")
-
-
 # ----- policy files, at the persist level -----------------------------------------------------------
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 def test_hostile_policy_file_is_one_error_naming_it(tmp_path: Path, case: str):
@@ -100,7 +81,7 @@ def test_hostile_policy_file_is_one_error_naming_it(tmp_path: Path, case: str):
     HOSTILE[case](path)
     before = snapshot(path)
     with pytest.raises(PolicyError) as info:
-        bounded(lambda: persist.read_policy(path))
+        bounded(lambda: persist.read_policy(path), READ_BOUND)
     message = str(info.value)
     assert str(path) in message and "\n" not in message and len(message) < 300, message
     assert snapshot(path) == before
@@ -133,7 +114,7 @@ def test_hostile_server_file_is_one_warning(tmp_path: Path, case: str, capsys: p
     path = tmp_path / "jpserver-4242.json"
     HOSTILE[case](path)
     before = snapshot(path)
-    assert bounded(lambda: restart.find_server("k1", tmp_path)) is None
+    assert bounded(lambda: restart.find_server("k1", tmp_path), READ_BOUND) is None
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and path.name in lines[0] and "Traceback" not in lines[0], lines
     assert snapshot(path) == before
@@ -175,6 +156,58 @@ def test_pending_startup_file_not_written_over_a_stranger(tmp_path: Path):
     with pytest.raises(PolicyError, match="not written by tfgpu_magic"):
         persist.set_pending_startup(tmp_path)
     assert path.read_text() == "print('mine')\n"
+
+
+# ----- `%tfgpu default save` never replaces a file tfgpu_magic did not write -----------------------------
+def _sparse(path: Path) -> None:
+    """2 GB of nothing: a size no policy file of ours has (sparse, so it costs no disk)."""
+    with open(path, "wb") as file:
+        file.truncate(2 << 30)
+    path.chmod(0o600)
+
+
+def _foreign(path: Path) -> None:
+    """A file in our format, mode 0600, that belongs to another user (needs root to make)."""
+    if os.geteuid() != 0:
+        pytest.skip("making another user's file needs root")
+    _private(path, json.dumps({"format": persist.FORMAT, "policy": {"cpu_devices": 2}}))
+    os.chown(path, 4242, 4242)
+
+
+IN_THE_WAY: dict[str, Callable[[Path], None]] = {
+    "fifo": _fifo, "sparse-2GB": _sparse, "world-writable": _world_writable, "foreign": _foreign,
+    "dev-zero": _dev_zero, "list": _json_list,
+}  # fmt: skip
+
+
+def metadata(path: Path) -> tuple[int, ...]:
+    """What shows whether `path` was replaced or rewritten (its content may be 2 GB: not read)."""
+    info = path.lstat()
+    return info.st_ino, info.st_mode, info.st_uid, info.st_size, info.st_mtime_ns
+
+
+@pytest.mark.parametrize("case", sorted(IN_THE_WAY))
+def test_default_save_refuses_to_replace_what_it_did_not_write(
+        shell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    """Each thing at the default path: `%tfgpu default save` is one UsageError line naming the file
+    and leaves it as it was; with the file removed, the same save works."""
+    from IPython.core.error import UsageError
+    from IPython.core.profiledir import ProfileDir
+
+    profile = ProfileDir.create_profile_dir(str(tmp_path / "profile"))
+    monkeypatch.setattr(shell, "profile_dir", profile)
+    path = persist.default_path(profile.location)
+    IN_THE_WAY[case](path)
+    before = metadata(path)
+    with pytest.raises(UsageError) as info:
+        bounded(lambda: shell.run_line_magic("tfgpu", "default save"), READ_BOUND)
+    message = str(info.value)
+    assert str(path) in message and "\n" not in message and "replaces only files it wrote" in message, message
+    assert metadata(path) == before
+    path.unlink()
+    shell.run_line_magic("tfgpu", "default save")
+    shell.run_line_magic("tfgpu", "default save")  # its own file: replaced
+    assert persist.read_policy(path) is not None
 
 
 # ----- in a real kernel: what `%load_ext` does with hostile pending and default files ------------------

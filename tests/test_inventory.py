@@ -5,9 +5,11 @@ never imported in this process."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +17,10 @@ from pathlib import Path
 import pytest
 
 import fake_nvml
-from fake_nvml import MIG_UUIDS, OTHER_PID, UUIDS, FakeGpu, FakeNvml, four_gpus
+import tfgpu_magic
+from fake_nvml import MIG_UUIDS, OTHER_PID, UUIDS, FakeGpu, FakeNvml, OlderBinding, four_gpus
 from tfgpu_magic.tf import importhook
+from tfgpu_magic.gpus import doctor
 from tfgpu_magic.gpus import inventory as inventory_module
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.errors import PolicyError
@@ -67,6 +71,64 @@ FAKE_FUNCTIONS = sorted(name for name in vars(FakeNvml) if name.startswith("nvml
 def test_fake_functions_exist_in_pynvml(name: str) -> None:
     """Every function the fake offers is a real pynvml function of that name."""
     assert callable(getattr(pynvml, name, None))
+
+
+NVML_NAME = re.compile(r"nvml[A-Z]\w*")
+
+
+def nvml_names(package: Path) -> tuple[set[str], set[str]]:
+    """The NVML functions the package's source names: (as attributes or imported names, as strings
+    handed to `Nvml.call`), by an AST walk of every module, so a new call is found without a list."""
+    attributes, strings = set(), set()
+    for module in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(module.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and NVML_NAME.fullmatch(node.attr):
+                attributes.add(node.attr)
+            elif isinstance(node, ast.alias) and NVML_NAME.fullmatch(node.name):
+                attributes.add(node.name)
+            elif isinstance(node, ast.Name) and NVML_NAME.fullmatch(node.id):
+                attributes.add(node.id)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and NVML_NAME.fullmatch(node.value):
+                strings.add(node.value)
+    return attributes, strings
+
+
+DIRECT, THROUGH_CALL = nvml_names(Path(tfgpu_magic.__file__).parent)
+CALLED = sorted(DIRECT | THROUGH_CALL)
+
+
+def test_the_walk_finds_the_calls() -> None:
+    """The walk sees both kinds: `nvmlInit` called on the module, the doctor's capability read by name."""
+    assert "nvmlInit" in DIRECT and {"nvmlDeviceGetCudaComputeCapability", "nvmlDeviceGetCount"} <= THROUGH_CALL
+
+
+@pytest.mark.parametrize("name", CALLED)
+def test_every_nvml_function_the_package_calls_is_in_the_fake(name: str) -> None:
+    """The fake answers every NVML function the package names, so the fake-GPU kernel
+    (tests/fake_gpu_kernel.py) runs each path the package has."""
+    assert callable(getattr(FakeNvml, name, None))
+
+
+@needs_pynvml
+@pytest.mark.parametrize("name", CALLED)
+def test_every_nvml_function_the_package_calls_is_in_pynvml(name: str) -> None:
+    """... and so does the installed nvidia-ml-py."""
+    assert callable(getattr(pynvml, name, None))
+
+
+def everything_read(nvml: Nvml) -> tuple[Inventory, dict[int, tuple[int, int]]]:
+    """All the package reads from NVML: the inventory and the doctor's compute capabilities."""
+    inventory = read_inventory(nvml)
+    return inventory, doctor.read_compute_capabilities(inventory, nvml)
+
+
+@pytest.mark.parametrize("name", sorted(THROUGH_CALL))
+def test_a_function_the_binding_lacks_means_unknown(name: str) -> None:
+    """An nvidia-ml-py older than a function (the module has no such attribute) reads exactly as a driver
+    that says Not Supported to it: that field unknown, everything else read, no AttributeError."""
+    older = everything_read(Nvml(module=OlderBinding(FakeNvml(four_gpus()), {name})))
+    refused = everything_read(Nvml(module=FakeNvml(four_gpus(), fail={name: fake_nvml.NVML_ERROR_NOT_SUPPORTED})))
+    assert older == refused and older != everything_read(Nvml(module=FakeNvml(four_gpus())))
 
 
 @needs_pynvml
@@ -183,7 +245,8 @@ UNKNOWN_FIELDS = [
 
 
 @pytest.mark.parametrize("function, extract, expected", UNKNOWN_FIELDS, ids=[c[0] for c in UNKNOWN_FIELDS])
-@pytest.mark.parametrize("code", [fake_nvml.NVML_ERROR_NOT_SUPPORTED, fake_nvml.NVML_ERROR_NO_PERMISSION])
+@pytest.mark.parametrize("code", [fake_nvml.NVML_ERROR_NOT_SUPPORTED, fake_nvml.NVML_ERROR_NO_PERMISSION,
+                                  fake_nvml.NVML_ERROR_FUNCTION_NOT_FOUND])
 def test_failing_call_means_unknown(function, extract, expected, code) -> None:  # noqa: ANN001
     """An NVML error in one call makes its fields unknown; the rest of the inventory is still read."""
     inventory = read(FakeNvml(four_gpus(), fail={function: code}))
@@ -534,14 +597,19 @@ def test_controller_index_visible_uuid_limit(controller: Controller) -> None:
 
 
 # ----- status -----------------------------------------------------------------------------------
+SHORT_UUIDS = ("GPU-0a6f8c2e…", "GPU-b1c2d3e4…", "GPU-b2d4f6a8…", "GPU-c3e5a7b9…")
+"""UUIDS as the status shows them (one screen width with four GPUs)."""
+
+
 def test_status_lists_live_memory(inventory: Inventory) -> None:
-    """One line per GPU (memory, busy, UUID, PCI bus), its MIG instances and its processes, this kernel marked."""
+    """One line per GPU (memory, busy, short UUID, PCI bus), its MIG instances and its processes, this
+    kernel marked."""
     lines = describe_gpus(inventory)
     assert lines[0] == "GPUs (NVML, driver 550.54.15, nvidia-smi numbering):"
     gpu_lines = [line for line in lines if line.startswith("  ") and not line.startswith("       ")]
     assert [line.split()[0] for line in gpu_lines] == ["0", "1", "2", "3"]
     for line, fragment, uuid in zip(gpu_lines, ["20480 / 81920 MiB used, 50% busy", "1024 / 81920 MiB used, 30% busy",
-                                                "1024 / 81920 MiB used, 10% busy", "0 / 40960 MiB used  "], UUIDS):
+                                                "1024 / 81920 MiB used, 10% busy", "0 / 40960 MiB used  "], SHORT_UUIDS):
         assert fragment in line and f"  {uuid}  bus 00000000:" in line
     assert f"       pid {ME}: 1024 MiB (this kernel)" in lines
     assert f"       pid {OTHER_PID}: 19456 MiB" in lines
@@ -553,7 +621,7 @@ def test_status_unknown_fields_show_question_marks() -> None:
     gpus = [FakeGpu(UUIDS[0], processes=[(ME, None)])]
     fake = FakeNvml(gpus, fail={"nvmlDeviceGetMemoryInfo": 3, "nvmlDeviceGetUtilizationRates": 3})
     lines = describe_gpus(read(fake))
-    assert lines[1].startswith(f"  0  NVIDIA A100-SXM4-80GB  ? / ? MiB used  {UUIDS[0]}")
+    assert lines[1].startswith(f"  0  NVIDIA A100-SXM4-80GB  ? / ? MiB used  {SHORT_UUIDS[0]}  bus ")
     assert lines[2] == f"       pid {ME}: ? MiB (this kernel)"
 
 

@@ -1,22 +1,15 @@
-"""`%tfgpu kernelspec` never replaces or removes a folder it did not make; `make demo` runs as root.
+"""`%tfgpu kernelspec` never replaces or removes a folder it did not make.
 
-Real parts only: the real magic on the test IPython shell, jupyter_client's own `KernelSpecManager`
-over isolated JUPYTER_DATA_DIR / JUPYTER_CONFIG_DIR / JUPYTER_PATH / IPYTHONDIR, the real `make`, and
-a real JupyterLab on 127.0.0.1 started from the very command line `make demo` runs.
+Real parts only: the real magic on the test IPython shell and jupyter_client's own `KernelSpecManager`
+over isolated JUPYTER_DATA_DIR / JUPYTER_CONFIG_DIR / JUPYTER_PATH / IPYTHONDIR.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
-import shlex
-import shutil
 import stat
-import subprocess
-import sys
 import threading
-import urllib.request
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -24,17 +17,14 @@ import pytest
 from IPython.core.error import UsageError
 from jupyter_client.kernelspec import KernelSpecManager
 
-from servers import JupyterEnv, free_port, isolated_jupyter, stop_pids, wait_until
+from servers import JupyterEnv, isolated_jupyter
 from tfgpu_magic.jupyter.kernelspec import MARKER
 
-REPO = Path(__file__).resolve().parent.parent
 NAME = "notes"
 OURS = {"argv": ["python"], "display_name": "ours", "language": "python", "metadata": {MARKER: {"policy": {}}}}
 """A kernel.json as this project writes it (the marker is what makes a folder ours)."""
 Runner = Callable[[str], str]
 """`%tfgpu kernelspec ARGS` on the shell; what it printed."""
-LAB_TIMEOUT = 25.0
-"""Seconds JupyterLab gets to answer /api (the whole demo test stays under 30 s)."""
 
 
 # ----- fixtures ---------------------------------------------------------------------------------
@@ -253,60 +243,3 @@ def test_replacing_ours_is_atomic(jupyter: JupyterEnv, kernelspec: Runner) -> No
         reader.join(timeout=10)
     assert problems == [] and seen, problems[:3]
     assert json.loads(path.read_bytes())["display_name"] == "v39"
-
-
-# ----- make demo --------------------------------------------------------------------------------
-def demo_command(*run_as: str) -> list[str]:
-    """The command `make demo` runs (`make -n`, the venv taken as set up), for this Python's bin dir."""
-    if shutil.which("make") is None:
-        pytest.skip("make is not installed")
-    stamp = ".venv/.installed-stamp"
-    bindir = os.path.dirname(sys.executable)
-    done = subprocess.run(
-        [*run_as, "make", "--no-print-directory", "-n", "-o", stamp, "demo", f"BIN={bindir}"],
-        cwd=REPO, capture_output=True, text=True, timeout=30, check=True,
-    )  # fmt: skip
-    lines = [line for line in done.stdout.splitlines() if line.strip()]
-    assert len(lines) == 1, done.stdout
-    return shlex.split(lines[0])
-
-
-def test_make_demo_allows_root_only_as_root() -> None:
-    """`--allow-root` is on the demo's command line exactly when make runs as root (uid 0)."""
-    assert ("--allow-root" in demo_command()) == (os.geteuid() == 0)
-    if os.geteuid() == 0 and shutil.which("setpriv"):
-        nobody = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
-        assert "--allow-root" not in demo_command(*nobody)
-
-
-def test_make_demo_command_serves_jupyterlab() -> None:
-    """The exact command of `make demo` (as whoever runs the tests: root in CI and Docker) starts a
-    JupyterLab that answers on /api; it is stopped by PID."""
-    pytest.importorskip("jupyterlab", reason="jupyterlab is not installed (pip install -e '.[test]')")
-    argv = demo_command()
-    port = free_port()
-    argv += [
-        "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--ServerApp.port_retries=0",
-        f"--IdentityProvider.token={secrets.token_hex(16)}",
-    ]  # fmt: skip
-    no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with isolated_jupyter("tfgpu-demo-") as env:
-        log = env.root / "lab.log"
-        with open(log, "wb") as out:
-            lab = subprocess.Popen(
-                argv, cwd=REPO, env=env.environ, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
-        try:
-
-            def state() -> str:
-                if lab.poll() is not None:
-                    return f"exited with {lab.returncode}"
-                with no_proxy.open(f"http://127.0.0.1:{port}/api", timeout=2) as reply:
-                    return "answering" if "version" in json.loads(reply.read()) else ""
-
-            outcome = wait_until(state, LAB_TIMEOUT, f"JupyterLab on port {port}", interval=0.2)
-            assert outcome == "answering", f"make demo's JupyterLab {outcome}:\n{log.read_text(errors='replace')}"
-        finally:
-            stop_pids([lab.pid])
-            lab.wait(timeout=10)

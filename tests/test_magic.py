@@ -27,6 +27,7 @@ from tfgpu_magic.controller import Controller
 from tfgpu_magic.errors import PolicyError
 from tfgpu_magic.language.directives import ACTIONS, REGISTRY
 from tfgpu_magic.language.grammar import split_words
+from tfgpu_magic.views.commands import split_options
 from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog
 from tfgpu_magic.views.magics import TFGPUMagics
 from tfgpu_magic.tf.envvars import NAMES as OUR_ENV
@@ -129,6 +130,9 @@ def test_cell_applies_every_line(shell, controller: Controller, capsys) -> None:
         ("", "growth on\nlimit 0\nsplit cpu 2\n", "line 2: size '0'"),
         ("", "growth on\n\nfoo\n", "line 3: unknown directive 'foo'"),
         ("", "growth on\nexport\n", "line 2: `export` is not allowed"),
+        # was: "unexpected '--yes'"
+        ("", "growth on\nrestart --yes\n", "line 2: `restart` is not allowed in a %%tfgpu cell"),
+        ("", "who --shutdown abc --yes\n", "line 1: `who` is not allowed in a %%tfgpu cell"),
         ("growth on", "split cpu 2\n", "not on the first line"),
         ("", "growth on\nlimit 1GB 0\nsplit 0 2x1GB\n", "the cell's result: GPU 0 has both a limit and a split"),
     ],
@@ -168,6 +172,40 @@ def test_unknown_option_is_usage_error(controller: Controller, tfgpu, line: str)
         tfgpu(line)
     assert line.split()[-1] in str(info.value)
     assert controller.policy == Policy() and controller.environ == {}
+
+
+@pytest.mark.parametrize(
+    "line, option",
+    [("restart --yes --yes", "--yes"), ("doctor --json --json", "--json"), ("doctor --json=1 --json", "--json"),
+     ("kernelspec tf0 --display-name a --display-name=b", "--display-name"),
+     ("who --shutdown k1 --shutdown k2 --yes", "--shutdown")],
+)
+def test_an_option_given_twice_is_one_line_error(controller: Controller, tfgpu, capsys, line: str,  # noqa: ANN001
+                                                 option: str) -> None:
+    """Was accepted: `restart --yes --yes` restarted, `doctor --json --json` printed JSON."""
+    with pytest.raises(UsageError) as info:
+        tfgpu(line)
+    assert str(info.value) == (f"{option} takes no value" if "=1" in line else f"{option} is given twice; give it once")
+    assert controller.policy == Policy() and controller.environ == {} and capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("name", ["\x1b[31mred\x1b[0m", "two\nlines", "bell\x07", "csi\x9b31m", "evil\u202egnp.exe",
+                                  "isolate\u2066x\u2069", "line\u2028break"])
+def test_a_display_name_with_control_characters_is_refused(controller: Controller, tfgpu, monkeypatch,  # noqa: ANN001
+                                                           tmp_path, name: str) -> None:
+    """Was accepted: an ANSI escape in the launcher's name. Nothing is installed."""
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))
+    with pytest.raises(UsageError) as info:
+        tfgpu(f"kernelspec tf0 --display-name '{name}'")
+    message = str(info.value)
+    assert message.startswith("--display-name: control characters such as ") and "are not allowed: " in message
+    assert "\n" not in message and not any(char in message for char in name if not char.isprintable())
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_display_name_in_any_script_is_accepted() -> None:
+    words, options = split_options("kernelspec tf0 --display-name 'TensorFlow · GPU 0 — ünï 日本 ✓'")
+    assert words == ["kernelspec", "tf0"] and options == {"--display-name": "TensorFlow · GPU 0 — ünï 日本 ✓"}
 
 
 GRAMMAR = [*(usage for directive in REGISTRY for usage in directive.usage), "(all is the same as on)",
@@ -272,7 +310,7 @@ LOAD_PATH = sorted(["tfgpu_magic", "tfgpu_magic.errors", "tfgpu_magic.views", "t
                     "tfgpu_magic.jupyter", "tfgpu_magic.jupyter.startup", "tfgpu_magic.jupyter.persist",
                     "tfgpu_magic.tf", "tfgpu_magic.tf.importhook"])
 """Every module of ours `%load_ext` imports where no policy exists (each costs about 0.1 ms; the
-README's Speed section says why each is there): a new one on this path shows up here."""
+CONTRIBUTING.md's Speed section says why each is there): a new one on this path shows up here."""
 
 
 # ----- fuzz: a line through the magic is a policy or a UsageError, and an error changes nothing -----

@@ -204,6 +204,70 @@ def test_other_cells_get_no_hint(hooked, capsys, cell: str) -> None:
     assert tfgpu_lines(capsys.readouterr().err) == []
 
 
+# ----- errors the hook does not understand pass untouched -------------------------------------------
+UNREADABLE = {
+    "message-raises": "class Unreadable(Exception):\n    @property\n    def message(self):\n        raise RuntimeError('no')\n",
+    "str-raises": "class Unreadable(Exception):\n    def __str__(self):\n        raise RuntimeError('no')\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNREADABLE))
+def test_an_error_whose_text_cannot_be_read_gets_nothing_from_the_hook(hooked, capsys, case: str) -> None:
+    """Its `message` property or its `__str__` raises: no "Error in callback", no traceback from
+    oom.py, no `tfgpu:` line; and the hook itself, called as any shell calls it, does not raise."""
+    capsys.readouterr()
+    result = hooked.run_cell(UNREADABLE[case] + "raise Unreadable()")
+    assert type(result.error_in_exec).__name__ == "Unreadable"
+    captured = capsys.readouterr()
+    shown = captured.out + captured.err
+    assert "Error in callback" not in shown and "oom.py" not in shown and tfgpu_lines(shown) == []
+    assert oom.OomHook(Controller(environ={}))(result) is None
+
+
+class ResourceExhaustedError(Exception):
+    """Stands for TensorFlow's class of that name (TensorFlow stays out of this process)."""
+
+
+@pytest.fixture
+def tensorflow_errors(monkeypatch: pytest.MonkeyPatch) -> type[Exception]:
+    """`oom_types()` finds `ResourceExhaustedError` above, as it would find TensorFlow's once imported."""
+    monkeypatch.setitem(sys.modules, "tensorflow",
+                        SimpleNamespace(errors=SimpleNamespace(ResourceExhaustedError=ResourceExhaustedError)))
+    return ResourceExhaustedError
+
+
+HOLDING_CELL = """
+import weakref
+class Held: pass
+def step():
+    held = Held()
+    global ref; ref = weakref.ref(held)
+    raise ResourceExhaustedError(MESSAGE)
+step()
+"""
+
+
+@pytest.mark.parametrize(("message", "memory"), [
+    ("Quota exceeded for GCS bucket my-bucket", False),
+    ("Rate limit exceeded: 429 Too Many Requests", False),
+    ("OOM when allocating tensor with shape[10] and type float on /device:CPU:0 by allocator cpu", True),
+    ("Out of memory while trying to allocate 17179869184 bytes.", True),
+], ids=["quota", "rate-limit", "oom", "xla-oom"])
+def test_only_memory_exhaustion_is_explained_and_released(hooked, capsys, tensorflow_errors, message: str,
+                                                           memory: bool) -> None:
+    """`ResourceExhaustedError` also reports quotas and rate limits: those keep their frames (the held
+    object lives) and get no `tfgpu:` line; running out of memory gets both."""
+    capsys.readouterr()
+    hooked.user_ns.update(ResourceExhaustedError=tensorflow_errors, MESSAGE=message)
+    hooked.run_cell(HOLDING_CELL)
+    lines = tfgpu_lines(capsys.readouterr().err)
+    if memory:
+        assert lines[0].startswith("tfgpu: TensorFlow ran out of memory") and "released" in lines[-1]
+        assert hooked.user_ns["ref"]() is None
+    else:
+        assert lines == [] and hooked.user_ns["ref"]() is not None
+
+
 # ----- who initialized, through a fake state ------------------------------------------------------
 class FakeEvents:
     def __init__(self) -> None:
@@ -332,6 +396,16 @@ def test_with_the_release_off_the_frames_keep_the_tensor(tf_kernel: Kernel) -> N
     assert "on GPU:0: it asked for 32.0 GiB" in result.stderr and "released" not in result.stderr
     assert tf_kernel.evaluate("ref2() is not None") is True
     tf_kernel.ok("oom.settings.release = True")
+
+
+@pytest.mark.tensorflow
+def test_a_real_quota_error_keeps_its_frames_and_gets_no_explanation(tf_kernel: Kernel) -> None:
+    """TensorFlow's own `ResourceExhaustedError` for a storage quota is no OOM: untouched."""
+    result = tf_kernel.run("import weakref\ndef step3():\n    held = tf.ones([256, 1024])\n    global ref3; ref3 = weakref.ref(held)\n"
+                           "    raise tf.errors.ResourceExhaustedError(None, None, 'Quota exceeded for GCS bucket')\n"
+                           "step3()")
+    assert result.status == "error" and result.errors[0]["ename"] == "ResourceExhaustedError"
+    assert tfgpu_lines(result.stderr) == [] and tf_kernel.evaluate("ref3() is not None") is True
 
 
 @pytest.mark.tensorflow

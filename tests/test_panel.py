@@ -60,7 +60,8 @@ def test_rows_show_utilization_processes_and_this_kernels_share():
     other process; GPU 1 has none; GPU 3 (MIG, NVML gives no utilization) shows a dash and its
     two MIG instances."""
     panel, _ = make_panel()
-    assert "50% busy" in panel.busy["0"].value and "30% busy" in panel.busy["1"].value
+    assert ">50%</div>" in panel.busy["0"].value and ">30%</div>" in panel.busy["1"].value
+    assert "title='50% busy (NVML" in panel.busy["0"].value
     holders = panel.holders["0"].value
     assert ">you: 1.0 GiB</b> · 1 other: 19.0 GiB" in holders and f"pid {os.getpid()} (this kernel)" in holders
     assert "no processes" in panel.holders["1"].value and "you:" not in panel.holders["1"].value
@@ -69,6 +70,8 @@ def test_rows_show_utilization_processes_and_this_kernels_share():
     assert len(cells) == len(COLUMNS) * 5  # one grid: a header row and one row per card
     cards = [cell.value for cell in cells if "A100" in str(cell.value)]
     assert len(cards) == 4 and "MIG ×2" in cards[3] and ">A100-SXM4-80GB<" in cards[0]
+    assert [cells[len(COLUMNS) * row] for row in range(1, 5)] == [panel.visible[ref] for ref in "0123"]
+    assert panel.visible["3"].description == "<b>GPU 3</b>" and panel.visible["3"].description_allow_html
 
 
 def test_other_kernels_share_is_not_yours():
@@ -97,6 +100,7 @@ def test_no_gpu_says_why():
     panel, _ = make_panel(gpus=False)
     assert panel.visible == {}
     assert "no NVML here" in panel.no_gpu_reason and "%tfgpu doctor" in panel.no_gpu_reason
+    assert "<code>%tfgpu doctor</code>" in panel.table.value and "`" not in panel.table.value  # code, not backticks
 
 
 def test_panel_edits_reach_the_policy():
@@ -233,6 +237,17 @@ def test_live_refresh_runs_only_while_on_and_stops_on_close():
     thread.join(timeout=5)
     assert not thread.is_alive() and panel._refresher is None
     assert ctl.listeners == []
+
+
+def test_rows_of_controls_wrap_rather_than_cut_labels():
+    """In a narrow notebook the rows of controls wrap onto another line instead of squeezing their
+    members: no button or checkbox there may shrink (its label would read "Ap…"). Without a browser
+    this is only the layout asked for; tests/test_browser.py measures the rendered panel."""
+    panel, _ = make_panel()
+    controls, buttons = panel.widget.children[2:4]
+    assert {panel.growth, panel.cpus} <= set(controls.children) and panel.apply_button in buttons.children
+    assert controls.layout.flex_flow == buttons.layout.flex_flow == "row wrap"
+    assert all(member.layout.flex == "0 0 auto" for member in buttons.children)
 
 
 def test_memory_bar_unknown():

@@ -18,8 +18,10 @@ from typing import Any, Iterator
 import pytest
 from fake_nvml import UUIDS, FakeNvml, four_gpus
 from jupyter_client import KernelManager
+from faults_support import SERVER_APP, bounded, hold_lock, opened_by, server_env
 from servers import JupyterEnv, isolated_jupyter
 
+from tfgpu_magic.errors import PolicyError
 from tfgpu_magic.gpus import reservations
 from tfgpu_magic.gpus.inventory import Inventory, Nvml, read_inventory
 from tfgpu_magic.jupyter import provisioner
@@ -208,6 +210,67 @@ def test_a_runtime_dir_that_refuses_the_record_does_not_stop_the_kernel(env: Jup
     assert environ[provisioner.WARNING_ENV].startswith("visible auto: could not record the pick in the runtime dir")
 
 
+def test_a_held_lock_bounds_the_wait_of_a_pick(env: JupyterEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process holding the reservation lock forever: the pick gives up after `LOCK_WAIT`
+    with one `PolicyError` line, and records nothing."""
+    monkeypatch.setattr(reservations, "LOCK_WAIT", 0.3)
+    inventory = read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False))))
+    with hold_lock(env.runtime_dir / reservations.LOCK_NAME), pytest.raises(PolicyError) as info:
+        bounded(lambda: reservations.reserve("k1", 1, inventory, env.runtime_dir), 30)
+    assert "held by another process" in str(info.value) and "\n" not in str(info.value)
+    assert reservations.current(env.runtime_dir) == []
+
+
+def test_a_plain_manager_launches_despite_a_held_lock(env: JupyterEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a `KernelManager` (nbclient, papermill, `jupyter console`) the launch waits a bounded
+    time, then the kernel starts with every GPU and the warning for its first cell."""
+    _fake(read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False)))), monkeypatch)
+    monkeypatch.setattr(reservations, "LOCK_WAIT", 0.3)
+    _spec(env, "tf-auto", Policy(), "auto")
+    with hold_lock(env.runtime_dir / reservations.LOCK_NAME):
+        environ = bounded(lambda: _kernel_environ(env, "tf-auto"), START_TIMEOUT)
+    assert "CUDA_VISIBLE_DEVICES" not in environ
+    warning = environ[provisioner.WARNING_ENV]
+    assert warning.startswith("visible auto: could not record the pick in the runtime dir") and "held by" in warning
+
+
+def test_a_held_lock_never_freezes_a_jupyter_server(env: JupyterEnv) -> None:
+    """The server's provisioner (fake NVML in the server process: tests/faults_support.py) waits on
+    the lock another process holds, off the server's event loop: the server answers /api/status and
+    /api/kernels within 1 s meanwhile, and the kernel then starts with the warning."""
+    from servers import running_server, wait_until
+
+    _spec(env, "tf-auto", Policy(), "auto")
+    server_env(env.environ)
+    lock = env.runtime_dir / reservations.LOCK_NAME
+    with running_server(env, app=SERVER_APP) as server:
+        launched: dict[str, Any] = {}
+        with hold_lock(lock):
+            thread = threading.Thread(target=lambda: launched.update(id=server.create_kernel("tf-auto")), daemon=True)
+            thread.start()
+            wait_until(lambda: opened_by(server.process.pid, lock), START_TIMEOUT, "the launch at the reservation lock",
+                       interval=0.02)
+            for path in ("api/status", "api/kernels"):
+                assert answered_within(server, path, 1.0), f"{path} did not answer within 1 s"
+            thread.join(START_TIMEOUT)
+        assert "id" in launched, server.log_tail()
+        kernel = server.connect(launched["id"])
+        warning = kernel.evaluate(f"__import__('os').environ.get('{provisioner.WARNING_ENV}')")
+        assert warning.startswith("visible auto: could not record the pick in the runtime dir") and "held by" in warning
+
+
+def answered_within(server: Any, path: str, seconds: float, tries: int = 5) -> bool:
+    """Whether `GET path` is answered within `seconds` in one of `tries` attempts (a server whose event
+    loop is blocked answers none; a busy machine may delay one)."""
+    for _ in range(tries):
+        try:
+            server.request("GET", path, timeout=seconds)
+            return True
+        except OSError:  # urllib's timeout (a URLError or TimeoutError)
+            continue
+    return False
+
+
 def test_a_grant_narrows_the_choice_unless_it_names_an_unknown_gpu() -> None:
     inventory = read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False))))
     assert provisioner.granted_gpus(inventory, None) is inventory
@@ -243,8 +306,6 @@ def test_a_jupyter_server_launches_through_the_provisioner_too(env: JupyterEnv) 
 
 
 def test_a_bad_provisioner_config_is_one_policy_error() -> None:
-    from tfgpu_magic.errors import PolicyError
-
     with pytest.raises(PolicyError, match="auto or auto:N"):
         provisioner.provisioner_metadata(Policy(), "0,1")
     with pytest.raises(PolicyError, match="COUNT"):

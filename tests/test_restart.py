@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import re
 import stat
 import sys
@@ -35,6 +36,7 @@ from servers import (
     assert_kernel_kept,
     await_new_kernel,
     isolated_jupyter,
+    pid_alive,
     processes_naming,
     restarting_kernel,
     running_server,
@@ -54,10 +56,11 @@ CPU_POLICY = "__import__('tfgpu_magic').current_policy().cpu_devices"
 RESTARTING = "Restarting the kernel"
 NOT_RESTARTED = "Not restarted"
 RESTART_TIMEOUT = 60.0
-CYCLES = int(os.environ.get("TFGPU_RESTART_CYCLES", "20"))
-"""Restart cycles in a row; `make soak` runs 50."""
+CYCLES = int(os.environ.get("TFGPU_RESTART_CYCLES", "3"))
+"""Restart cycles in a row: a few in `make test`, 50 under `make soak` (which also checks the time)."""
 CYCLE_BUDGET = 12.0
-"""Seconds one restart cycle may take on average (restart + re-apply + TensorFlow's first import)."""
+"""Seconds one restart cycle may take on average under `make soak` (restart + re-apply + TensorFlow's
+first import); `make test` checks only the policies, since shared machines vary."""
 LOAD_ONCE = (
     "if 'tfgpu_magic' not in get_ipython().extension_manager.loaded:\n"
     "    get_ipython().run_line_magic('load_ext', 'tfgpu_magic')"
@@ -206,6 +209,65 @@ def test_plain_kernel_is_never_killed_and_takes_the_policy_when_restarted(server
             new.close()
 
 
+def test_cells_queued_behind_the_restart_never_run_in_the_old_kernel(server: JupyterServer):
+    """Run All over `%tfgpu restart --yes` and three cells: each queued cell is answered `aborted` by the
+    old kernel or runs in the new one with the policy in force; none runs in the old kernel."""
+    with server.kernel() as kernel:
+        kernel.ok("%load_ext tfgpu_magic\n%tfgpu split cpu 3")
+        old_pid = kernel.pid()
+        client = kernel.client
+        restart_id = client.execute("%tfgpu restart --yes")
+        probe = "import os; print(os.getpid(), __import__('tfgpu_magic').current_policy().cpu_devices)"
+        queued = [client.execute(probe) for _ in range(3)]
+        outcomes: dict[str, str] = {}
+        printed: dict[str, str] = {}
+        deadline = time.monotonic() + RESTART_TIMEOUT
+        while len(outcomes) < 4 and time.monotonic() < deadline:
+            try:
+                msg = client.get_shell_msg(timeout=0.5)
+            except queue.Empty:
+                if not pid_alive(old_pid) and restart_id in outcomes:
+                    break  # the old kernel is gone: what it did not answer was never run there
+                continue
+            outcomes[msg["parent_header"]["msg_id"]] = msg["content"]["status"]
+        while True:
+            try:
+                msg = client.get_iopub_msg(timeout=0.2)
+            except queue.Empty:
+                break
+            if msg["msg_type"] == "stream":
+                printed[msg["parent_header"].get("msg_id", "")] = msg["content"]["text"]
+        assert outcomes.get(restart_id) == "ok", outcomes
+        for msg_id in queued:
+            if outcomes.get(msg_id) == "ok":  # reached the new kernel: policy in force there
+                pid, cpus = printed[msg_id].split()
+                assert int(pid) != old_pid and cpus == "3", printed[msg_id]
+            else:
+                assert outcomes.get(msg_id) in ("aborted", None), outcomes
+                assert str(old_pid) not in printed.get(msg_id, ""), printed
+        assert any(outcomes.get(msg_id) == "aborted" for msg_id in queued), outcomes
+        new = await_new_kernel(kernel, old_pid, RESTART_TIMEOUT)
+        assert new.evaluate(CPU_POLICY) == 3
+        new.close()
+
+
+def test_cells_run_again_when_the_server_refuses_the_restart(server: JupyterServer, monkeypatch: pytest.MonkeyPatch):
+    """If the restart request fails, the held queue is released: the next cell runs in the same kernel
+    and says the kernel was not restarted."""
+    with server.kernel() as kernel:
+        kernel.ok("%load_ext tfgpu_magic\n%tfgpu split cpu 2")
+        old_pid = kernel.pid()
+        kernel.ok(
+            "import tfgpu_magic.jupyter.restart as r\n"
+            "r.Server.request = lambda self, method, path: (_ for _ in ()).throw(OSError('refused by test'))\n"
+            "r.find_server = lambda kernel_id, runtime_dir=None: r.Server('http://127.0.0.1:9/', '', 1)"
+        )
+        kernel.ok("%tfgpu restart --yes")
+        wait_until(lambda: kernel.run("1").status == "ok", 10, "the queue released", interval=0.2)
+        result = kernel.ok("import os; print(os.getpid())")
+        assert int(result.stdout.split()[-1]) == old_pid
+
+
 def test_nbclient_restart_takes_the_policy(server: JupyterServer):
     """A real nbclient `NotebookClient` (its own temp connection file): `restart --yes` in one cell
     stores the policy; after nbclient's `km.restart_kernel()` the next cell has it in force, the
@@ -262,9 +324,10 @@ def test_no_restart_scheduled_probe_names_the_real_thread():
 
 
 # ----- (d) many restarts in a row ---------------------------------------------------------------
-def test_twenty_restart_cycles_alternating_policy(server: JupyterServer):
-    """20 restarts of one kernel, the policy alternating between split cpu 2 and 3: every new kernel
-    has the right one in force, and a cycle stays within `CYCLE_BUDGET` seconds on average."""
+def test_restart_cycles_alternating_policy(server: JupyterServer):
+    """`CYCLES` restarts of one kernel, the policy alternating between split cpu 2 and 3: every new
+    kernel has the right one in force; under `make soak`, a cycle stays within `CYCLE_BUDGET` seconds
+    on average."""
     with server.kernel() as kernel:
         kernel.ok("%load_ext tfgpu_magic")
         counts = []
@@ -275,7 +338,8 @@ def test_twenty_restart_cycles_alternating_policy(server: JupyterServer):
             counts.append((wanted, logical_cpus(kernel)))
         elapsed = time.monotonic() - started
         assert counts == [(2 + cycle % 2,) * 2 for cycle in range(CYCLES)]
-        assert elapsed / CYCLES < CYCLE_BUDGET, f"{elapsed:.1f} s for {CYCLES} cycles"
+        if "TFGPU_RESTART_CYCLES" in os.environ:
+            assert elapsed / CYCLES < CYCLE_BUDGET, f"{elapsed:.1f} s for {CYCLES} cycles"
         print(f"{CYCLES} restart cycles: {elapsed:.1f} s, {elapsed / CYCLES:.2f} s each")
 
 

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -129,11 +130,77 @@ def test_ancestor_pid_whose_file_names_a_port_it_does_not_hold_gets_no_request(
     assert squatter.requests == []
 
 
-def test_listens_on_tells_who_holds_a_port():
-    """The socket check itself: this process holds its listener's port; its parent does not."""
-    with RecordingListener(lists_kernel) as listener:
-        assert restart.listens_on(os.getpid(), listener.port) is True
-        assert restart.listens_on(os.getppid(), listener.port) is False
+def test_listening_addresses_tell_who_holds_which_address():
+    """The socket check itself: this process holds its listeners' exact addresses; its parent none."""
+    with RecordingListener(lists_kernel) as v4, RecordingListener(lists_kernel, host="::1") as v6:
+        assert restart.listening_addresses(os.getpid(), v4.port) == {"127.0.0.1"}
+        assert restart.listening_addresses(os.getpid(), v6.port) == {"::1"}
+        assert restart.listening_addresses(os.getppid(), v4.port) == set()
+
+
+def test_owner_host_needs_the_exact_address_or_its_own_wildcard():
+    """127.0.0.1 is vouched for by 127.0.0.1 or 0.0.0.0 only; an IPv6 wildcard may be IPv6-only."""
+    both = ["127.0.0.1", "::1"]
+    assert restart.owner_host(both, {"127.0.0.1"}) == "127.0.0.1"
+    assert restart.owner_host(both, {"0.0.0.0"}) == "127.0.0.1"
+    assert restart.owner_host(both, {"::1"}) == "::1"
+    assert restart.owner_host(both, {"::"}) == "::1"
+    assert restart.owner_host(["127.0.0.1"], {"::", "::1"}) is None
+    assert restart.owner_host(both, set()) is None
+
+
+STRANGER = """
+import http.server, json, sys
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        with open(sys.argv[2], "a") as log:
+            log.write(json.dumps(dict(self.headers.items())) + "\\n")
+        body = json.dumps({"id": sys.argv[3]}).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+    do_POST = do_GET
+    def log_message(self, *args): pass
+server = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
+print("listening", flush=True)
+server.serve_forever()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv for a second uid")
+def test_another_uid_on_127_0_0_1_gets_nothing_when_the_owner_is_on_ipv6_only(runtime: Path, tmp_path: Path):
+    """The owning server listens on [::1]:P only and its file says `localhost`; another uid listens on
+    127.0.0.1:P. Every route that sends the token (restart's `find_server`, `who`'s sessions and its
+    shutdown through them) asks [::1] and the other uid receives nothing."""
+    from tfgpu_magic.jupyter import sessions
+
+    def server_of_the_kernel(method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+        if path.rstrip("/").endswith("api/kernels"):
+            return 200, {"Content-Type": "application/json"}, json.dumps([{"id": KERNEL_ID}]).encode()
+        return lists_kernel(method, path)
+
+    token = secrets.token_hex(16)
+    with RecordingListener(server_of_the_kernel, host="::1") as owner:
+        log = tmp_path / "stranger.log"
+        log.touch()
+        log.chmod(0o666)
+        tmp_path.chmod(0o755)
+        stranger = subprocess.Popen(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", STRANGER,
+             str(owner.port), str(log), KERNEL_ID],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert stranger.stdout is not None and stranger.stdout.readline().strip() == "listening"
+            write_server_file(runtime, os.getpid(), owner.port, token, hostname="localhost")
+            server = restart.find_server(KERNEL_ID, runtime)
+            assert server is not None and server.url == f"http://[::1]:{owner.port}/"
+            found = sessions.kernel_sessions(runtime)
+            assert KERNEL_ID in found and found[KERNEL_ID].server.url == server.url
+        finally:
+            stop_pids([stranger.pid])
+            stranger.wait(10)
+        assert log.read_text() == ""
+        assert owner.carrying(token)
 
 
 def test_a_server_running_as_init_is_an_ancestor():
@@ -219,17 +286,22 @@ def test_remote_server_never_gets_the_token(runtime: Path, host: str, capsys: py
     assert len(lines) == 1 and "loopback" in lines[0], lines
 
 
-def test_loopback_url_rules():
-    """What `loopback_url` accepts: loopback addresses and the wildcards, nothing else."""
+def test_loopback_rules():
+    """What `loopback_hosts` accepts: loopback addresses and the wildcards, nothing else; `server_url`
+    builds the URL at the address the owner holds."""
     info = {"port": 8888, "base_url": "/lab/", "secure": False}
-    assert restart.loopback_url({**info, "hostname": "127.0.0.1"}) == "http://127.0.0.1:8888/lab/"
-    assert restart.loopback_url({**info, "hostname": "localhost"}) == "http://127.0.0.1:8888/lab/"
-    assert restart.loopback_url({**info, "hostname": "::"}) == "http://[::1]:8888/lab/"
-    assert restart.loopback_url({**info, "hostname": "::1", "secure": True}) == "https://[::1]:8888/lab/"
+    assert restart.loopback_hosts({**info, "hostname": "127.0.0.1"}) == ["127.0.0.1"]
+    assert restart.loopback_hosts({**info, "hostname": "localhost"}) == ["127.0.0.1", "::1"]
+    assert restart.loopback_hosts({**info, "hostname": "::"}) == ["::1", "127.0.0.1"]
+    assert restart.loopback_hosts({**info, "hostname": "::1"}) == ["::1"]
     for bad in ({"hostname": "8.8.8.8"}, {"hostname": "127.0.0.1", "port": "8888"}, {"hostname": "127.0.0.1", "port": True},
                 {"hostname": "127.0.0.1", "sock": "/tmp/s"}, {"hostname": "127.0.0.1", "base_url": "http://x/"},
-                {"hostname": ["127.0.0.1"]}):  # fmt: skip
-        assert restart.loopback_url({**info, **bad}) is None, bad
+                {"hostname": ["127.0.0.1"]}, {"hostname": "localhost.example"}):  # fmt: skip
+        assert restart.loopback_hosts({**info, **bad}) == [], bad
+    with RecordingListener(lists_kernel, host="::1") as v6:
+        info = {**info, "port": v6.port, "hostname": "localhost", "secure": True}
+        assert restart.server_url(info, os.getpid()) == f"https://[::1]:{v6.port}/lab/"
+        assert restart.server_url({**info, "hostname": "127.0.0.1"}, os.getpid()) is None
 
 
 # ----- real servers and kernels -----------------------------------------------------------------------

@@ -195,13 +195,44 @@ def _fake_proc(root: Path, pid: int, cmdline: bytes, maps: bytes | None, uid: in
     ([b"python", b"-m", b"ipykernel_launcher", b"-f", b"/run/kernel-abc-1.json"], "abc-1"),
     ([b"python", b"-m", b"ipykernel_launcher", b"--f=/run/kernel-v2-77xyz.json"], "v2-77xyz"),
     ([b"python", b"-m", b"ipykernel_launcher", b"-f", b"/tmp/tmpab12cd.json"], None),
-    ([b"python", b"train.py", b"-f", b"/run/kernel-abc.json"], None),
+    ([b"python", b"tests/fake_gpu_kernel.py", b"-f", b"/run/kernel-abc.json"], "abc"),  # a kernelspec's wrapper
+    ([b"conda", b"run", b"-n", b"tf", b"python", b"-m", b"ipykernel_launcher", b"-f", b"/run/kernel-c1.json"], "c1"),
 ])
 def test_a_kernel_is_known_by_the_connection_file_its_command_line_names(
         tmp_path: Path, argv: list[bytes], kernel_id: str | None) -> None:
     proc = _fake_proc(tmp_path, 99, b"\0".join(argv) + b"\0", b"7f00 r-xp libc.so\n", os.getuid())
     info = processes.describe(99, proc)
     assert info.kernel_id == kernel_id and info.tensorflow is False and info.uid == os.getuid()
+
+
+@pytest.mark.parametrize("argv", [
+    [b"python", b"train.py", b"-f", b"data.csv"],
+    [b"jq", b"-f", b"filter.jq", b"in.json"],
+    [b"python", b"train.py", b"--epochs", b"3"],
+])
+def test_a_process_without_a_connection_file_is_no_kernel(tmp_path: Path, argv: list[bytes]) -> None:
+    proc = _fake_proc(tmp_path, 98, b"\0".join(argv) + b"\0", None, os.getuid())
+    assert processes.describe(98, proc).is_kernel is False and processes.my_kernels(proc) == []
+
+
+def test_a_kernel_started_by_a_wrapper_is_this_kernel_in_who() -> None:
+    """A kernelspec whose argv runs a wrapper script (tests/fake_gpu_kernel.py, as `conda run` or a
+    custom kernelspec would) instead of `ipykernel`: `%tfgpu who` in that kernel marks its own row
+    as this kernel, with its kernel id, not as "not a kernel"; seen from outside, it is a kernel too."""
+    import fake_gpu_kernel
+    from servers import standalone_kernel
+
+    with isolated_jupyter("tfgpu-wrapper-") as env:
+        fake_gpu_kernel.write_kernelspec(env.kernels_dir)
+        with standalone_kernel(env, kernel_name=fake_gpu_kernel.KERNEL_NAME) as kernel:
+            kernel.ok("%load_ext tfgpu_magic")
+            pid = kernel.pid()
+            shown = kernel.ok("%tfgpu who").stdout
+            outside = {info.pid: info for info in processes.my_kernels()}
+    mine = [line for line in shown.splitlines() if line.endswith("← this kernel")]
+    assert len(mine) == 1 and f"pid {pid}" in mine[0], shown
+    assert f"kernel {kernel.kernel_id[:8]}" in mine[0] and "not a kernel" not in mine[0]
+    assert outside[pid].kernel_id == kernel.kernel_id
 
 
 def test_proc_files_are_capped_and_a_fifo_is_not_waited_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

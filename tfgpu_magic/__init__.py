@@ -67,10 +67,12 @@ def who(inventory: Any = None) -> list[dict[str, Any]]:
 
 
 def session_config() -> Any:
-    """A `tf.compat.v1.ConfigProto` carrying the policy, for TF1-style `tf.compat.v1.Session`."""
+    """A `tf.compat.v1.ConfigProto` carrying the policy, for TF1-style `tf.compat.v1.Session`.
+    Without TensorFlow installed: a one-line `PolicyError` saying how to install it."""
     from .tf.runtime import session_config as build
 
-    return build(get_controller().plan())
+    controller = get_controller()
+    return build(controller.plan(), controller.api)
 
 
 def panel() -> Any:

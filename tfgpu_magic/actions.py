@@ -21,7 +21,7 @@ from .controller import Controller
 from .errors import PolicyError
 from .jupyter import persist
 from .tf.runtime import ApplyReport
-from .views.results import DoctorResult, Result, RestartOffer, StatusResult
+from .views.results import DoctorResult, Result, RestartOffer, SelftestResult, StatusResult
 from .views.status import describe_policy, describe_report, restart_hint, snapshot
 
 Action = Callable[..., "str | Result"]
@@ -90,6 +90,21 @@ def doctor(controller: Controller, shell: Any = None, arg: str | None = None, *,
     machine = inspect_machine(controller.environ, controller.inventory(), controller.policy, controller.api)
     checks = run_checks(machine)
     return report_json(checks) if json else DoctorResult(tuple(checks))
+
+
+def selftest(controller: Controller, shell: Any = None, arg: str | None = None, *,
+             json: bool = False) -> SelftestResult | str:
+    """`%tfgpu selftest [--json]`: each rule of the policy proven on this machine, each in a fresh process,
+    all run by a child `python -m tfgpu_magic selftest` with the environment this process started with
+    (this kernel's own TensorFlow stays untouched); with `json`, the verdicts as a JSON list."""
+    import time
+
+    from .selftest.report import to_json
+    from .selftest.run import run_outside
+
+    start = time.monotonic()
+    rows = run_outside(controller.inherited_environment())
+    return to_json(rows) if json else SelftestResult(tuple(rows), time.monotonic() - start)
 
 
 def memory(controller: Controller, shell: Any = None, arg: str | None = None) -> str:
@@ -194,6 +209,7 @@ ACTIONS: dict[str, Action] = {
     "export": export,
     "restart": restart,
     "doctor": doctor,
+    "selftest": selftest,
     "panel": panel,
     "memory": memory,
     "watch": watch,

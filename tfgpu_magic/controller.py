@@ -13,6 +13,7 @@ from typing import Callable, Iterable, MutableMapping, NamedTuple
 
 from .tf import importhook
 from .errors import PolicyError
+from .language.directives import gpu_asks
 from .language.grammar import Edit, GpuCatalog, apply_edit, parse_line
 from .gpus.inventory import Inventory, InventoryCatalog, cached_inventory
 from .tf.envvars import CUDA_VISIBLE_DEVICES, NAMES
@@ -122,6 +123,17 @@ class Controller:
                                  limits.get(ref, None if ref in splits else limits.get(ALL_GPUS)), splits.get(ref))
                 for ref in refs}
 
+    def inherited_environment(self) -> dict[str, str]:
+        """The environment with the variables this tool set put back as they were: what a fresh process
+        started without the policy gets (`%tfgpu selftest` runs its rules in such processes)."""
+        environ = dict(self.environ)
+        for name, value in self._original_env.items():
+            if value is None:
+                environ.pop(name, None)
+            else:
+                environ[name] = value
+        return environ
+
     def export(self, form: str = "python") -> str:
         """The policy as standalone code for a fresh process (`python`, `env` or `json`)."""
         from .tf.export import export
@@ -166,10 +178,15 @@ class Controller:
         return policy
 
     def set_policy(self, policy: Policy) -> ApplyReport:
-        """Replace the desired policy (validated first) and apply it as far as TensorFlow allows."""
+        """Replace the desired policy (validated first) and apply it as far as TensorFlow allows.
+        Where TensorFlow lacks the GPUs, the report names the GPU settings this change asked for."""
         policy.validate(self._aliases(policy))
-        self.policy = policy
+        before, self.policy = self.policy, policy
         report = self.apply()
+        if report.absent:
+            names = self.catalog.uuid_to_index()
+            asked = gpu_asks(before, names)
+            report.gpu_edits = [phrase for phrase in gpu_asks(policy, names) if phrase not in asked]
         for listener in list(self.listeners):
             listener(self)
         return report
@@ -214,10 +231,14 @@ class Controller:
         """The plan for a fresh process with this machine's GPUs and inherited `CUDA_VISIBLE_DEVICES`
         (made explicit, since GPU indices depend on it): what `%tfgpu export` writes out."""
         inherited = self._inherited_cvd()
-        plan = build_plan(self.policy, inherited, aliases=self._aliases(self.policy))
+        plan = self._fresh_plan()
         if inherited is not None and CUDA_VISIBLE_DEVICES not in plan.env_map:
             plan = plan._replace(env=(*plan.env, (CUDA_VISIBLE_DEVICES, inherited)))
         return plan
+
+    def _fresh_plan(self) -> Plan:
+        """The plan for the policy in a process where CUDA has not started yet."""
+        return build_plan(self.policy, self._inherited_cvd(), aliases=self._aliases(self.policy))
 
     def apply(self) -> ApplyReport:
         """Apply the policy now as far as TensorFlow allows; arm the import hook if TF is not loaded.
@@ -241,8 +262,11 @@ class Controller:
             importhook.arm(self._on_import)
             report = ApplyReport(state=state, waiting=True, locked=locked_env_lines(plan))
         report.applied[:0] = env_applied
-        report.notes[:0] = [note for note in plan.notes if note not in self._notes_shown]
-        self._notes_shown = set(plan.notes)
+        notes = [*plan.notes, *report.notes]
+        report.notes = [note for note in notes if note not in self._notes_shown]
+        self._notes_shown = set(notes)
+        told = self.last_report.locked if self.last_report is not None else []
+        report.earlier = [item for item in report.locked if item in told]
         self.last_report = report
         return report
 
@@ -283,10 +307,15 @@ class Controller:
         return diff
 
     def _locked_env(self, plan: Plan, state: RuntimeState) -> list[tuple[str, str | None, str | None, str]]:
-        """The plan's variable changes that can no longer take effect (restoring one is never locked)."""
+        """The plan's variable changes that can no longer take effect, restoring included: a variable
+        the policy no longer wants even in a fresh process (after `reset`, say) stays as its reader
+        read it until a restart. (Once CUDA started, a plan sets no `CUDA_*` variable for a policy
+        that still wants them: those are not restores.)"""
         wanted = plan.env_map
-        return [(name, current, target, why) for name, current, target in self._env_diff(plan)
-                if name in wanted and (why := too_late(name, state))]
+        late = [(name, current, target, why) for name, current, target in self._env_diff(plan)
+                if (why := too_late(name, state))]
+        fresh = self._fresh_plan().env_map if any(name not in wanted for name, *_ in late) else {}
+        return [change for change in late if change[0] in wanted or change[0] not in fresh]
 
     def _sync_env(self, plan: Plan, state: RuntimeState) -> list[str]:
         """Set our variables as the plan says, restore those it no longer needs; returns what changed.

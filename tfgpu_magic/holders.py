@@ -12,6 +12,8 @@ shut down by itself; `shutdown` asks the owning server, only when told `yes`.
 from __future__ import annotations
 
 import os
+import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,10 @@ def who(inventory: Inventory | None = None, runtime_dir: Path | None = None) -> 
         for process in gpu.processes:
             memory.setdefault(process.pid, {})[gpu.index] = None if process.used_mib is None else process.used_mib * MIB
     mine = {info.pid: info for info in processes.my_kernels()}
+    own = _own_connection()
+    if own is not None:  # the process running this is a kernel, whatever command line started it
+        here = mine.get(os.getpid()) or processes.describe(os.getpid())
+        mine[os.getpid()] = replace(here, connection_file=own, kernel_id=processes.kernel_id_of(own))
     known = sessions.kernel_sessions(directory) if mine else {}
     placed = {r.kernel_pid: r.why for r in reservations.current(directory) if r.kernel_pid is not None}
     me = os.getuid() if hasattr(os, "getuid") else None
@@ -90,7 +96,19 @@ def shutdown(kernel_id: str, yes: bool = False, runtime_dir: Path | None = None)
 def _own_kernel_id() -> str | None:
     from .gpus import processes
 
-    return processes.kernel_id_of(processes.connection_file_of(processes.cmdline(os.getpid())))
+    return processes.kernel_id_of(_own_connection())
+
+
+def _own_connection() -> str | None:
+    """This process's connection file: its kernel's when it runs one (a kernel started by a wrapper
+    or `conda run` has a command line that may name none), else the one its command line names."""
+    from .gpus import processes
+    from .jupyter.startup import connection_file
+
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    path = connection_file(shell) if shell is not None else None
+    return str(path) if path is not None else processes.connection_file_of(processes.cmdline(os.getpid()))
 
 
 def _size(value: int | None) -> str:

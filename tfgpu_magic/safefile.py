@@ -34,12 +34,10 @@ def read_text(path: Path, max_bytes: int = POLICY_BYTES, private: bool = False) 
         raise PolicyError(f"cannot read {path}: {err.strerror or err}") from None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise PolicyError(f"{path} is not a regular file; ignoring it")
-        if private:
-            check_private(path, info)
-        if info.st_size > max_bytes:
-            raise PolicyError(f"{path} is {info.st_size} bytes, more than the {max_bytes} allowed")
+        reason = unfit(info, max_bytes, private)
+        if reason is not None:
+            hint = f" (chmod 600 {path})" if "writable by others" in reason else ""
+            raise PolicyError(f"{path} {reason}; ignoring it{hint}")
         data = os.read(fd, max_bytes + 1)
     except OSError as err:
         raise PolicyError(f"cannot read {path}: {err.strerror or err}") from None
@@ -53,13 +51,19 @@ def read_text(path: Path, max_bytes: int = POLICY_BYTES, private: bool = False) 
         raise PolicyError(f"{path} is not UTF-8 text") from None
 
 
-def check_private(path: Path, info: os.stat_result) -> None:
-    """`PolicyError` unless the file is this user's and writable by nobody else."""
-    if hasattr(os, "getuid") and info.st_uid != os.getuid():
-        raise PolicyError(f"{path} belongs to another user; ignoring it")
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        mode = stat.S_IMODE(info.st_mode)
-        raise PolicyError(f"{path} is writable by others (mode {mode:04o}); ignoring it (chmod 600 {path})")
+def unfit(info: os.stat_result, max_bytes: int = POLICY_BYTES, private: bool = False) -> str | None:
+    """Why the file `info` describes is not one to read (to follow the path in a message: "is not a
+    regular file"); None when it is. `private`: see `read_text`."""
+    if not stat.S_ISREG(info.st_mode):
+        return "is not a regular file"
+    if private:
+        if hasattr(os, "getuid") and info.st_uid != os.getuid():
+            return "belongs to another user"
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return f"is writable by others (mode {stat.S_IMODE(info.st_mode):04o})"
+    if info.st_size > max_bytes:
+        return f"is {info.st_size} bytes, more than the {max_bytes} allowed"
+    return None
 
 
 def loads(text: str, what: str) -> Any:

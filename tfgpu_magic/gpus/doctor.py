@@ -232,7 +232,7 @@ def read_build_info(tf_dir: Path) -> dict[str, object]:
 
 
 def run_checks(machine: Machine) -> list[Check]:
-    """Every check, in the order a user should fix things."""
+    """Every check that has something to say, in `CHECKS`' order (what the others depend on first)."""
     checks: list[Check] = []
     for check in CHECKS:
         result = check(machine)
@@ -540,19 +540,25 @@ def _check_gpu_order(m: Machine) -> Check | None:
 
 CHECKS: tuple[Callable[[Machine], Check | None], ...] = (
     _check_platform,
-    _check_tensorflow,
-    _check_cuda_packages,
     _check_nvml,
-    _check_compute_capability,
     _check_device_nodes,
+    _check_cuda_packages,
+    _check_tensorflow,
+    _check_python,
+    _check_compute_capability,
     _check_cuda_visible,
     _check_device_order,
-    _check_python,
     _check_forced_growth,
     _check_allocator,
     _check_tf_vs_nvml,
     _check_gpu_order,
 )
+"""The checks in the order the layers depend on each other, so that "fix the first one first" holds:
+the platform (an NVIDIA GPU can reach it at all), the driver (NVML), the device nodes that pass the GPU
+into this machine or container, the CUDA libraries, TensorFlow's build (installed for the kernel's
+Python, built for these cards), then what steers CUDA once all that is there (CUDA_* variables, the
+allocator's), and last what TensorFlow itself lists. A CPU-only TensorFlow on a machine without a GPU
+is not the first thing to fix."""
 
 
 def summary(checks: list[Check]) -> str:
@@ -564,9 +570,14 @@ def summary(checks: list[Check]) -> str:
     return f"TensorFlow has no GPU here because: {reasons}. Fix the first one first."
 
 
+SELFTEST_HINT = ("`%tfgpu selftest` (in a terminal: `python -m tfgpu_magic selftest`) proves, in fresh "
+                 "processes, that each setting of the policy takes effect here.")
+
+
 def report_text(checks: list[Check]) -> str:
-    """The checks, one block each, then the closing sentence: the doctor's plain-text form."""
-    return "\n".join([c.render() for c in checks] + ["", summary(checks)])
+    """The checks, one block each, then the closing sentence and where to prove the policy: the
+    doctor's plain-text form."""
+    return "\n".join([c.render() for c in checks] + ["", f"{summary(checks)} {SELFTEST_HINT}"])
 
 
 def report_json(checks: list[Check]) -> str:

@@ -1,7 +1,8 @@
 """The GPU inventory from NVIDIA's own library (NVML, `nvidia-ml-py`): the only module that imports it.
 
-Every NVML call goes through `Nvml.call`, which turns an NVML error into None ("unknown"), never a
-crash. Everything works without NVML: `read_inventory()` then reports why there is none.
+Every NVML call goes through `Nvml.call`, which turns an NVML error, or a function the installed
+binding does not have, into None ("unknown"), never a crash. Everything works without NVML:
+`read_inventory()` then reports why there is none.
 """
 
 from __future__ import annotations
@@ -190,11 +191,15 @@ class Nvml:
             self.error = f"NVML could not start: {err}"
 
     def call(self, name: str, *args: Any) -> Any:
-        """`pynvml.<name>(*args)`, or None when NVML says no."""
+        """`pynvml.<name>(*args)`, or None when NVML says no or the binding lacks `name` (an older
+        nvidia-ml-py than the function: unknown, like a driver that does not support it)."""
         if self.error is not None:
             return None
+        function = getattr(self.module, name, None)
+        if function is None:
+            return None
         try:
-            return getattr(self.module, name)(*args)
+            return function(*args)
         except self.module.NVMLError:
             return None
 

@@ -75,16 +75,20 @@ def cmdline(pid: int, proc: Path = PROC) -> list[str]:
 
 
 def connection_file_of(argv: list[str]) -> str | None:
-    """The connection file an ipykernel command line names (`-f FILE`, `-f=FILE`, `--f=FILE`); None
-    for anything that is not a kernel started with one."""
-    if not any(os.path.basename(arg).startswith(KERNEL_MODULES) for arg in argv):
-        return None
+    """The connection file a kernel's command line names (`-f FILE`, `-f=FILE`, `--f=FILE`); None for
+    anything else. ipykernel in argv makes any such argument one; a wrapper that starts a kernel
+    (`conda run`, a custom kernelspec's script) is known by the argument alone, which must then name
+    a `.json` file."""
+    ipykernel = any(os.path.basename(arg).startswith(KERNEL_MODULES) for arg in argv)
     for at, arg in enumerate(argv):
+        value = None
         if arg == "-f" and at + 1 < len(argv):
-            return argv[at + 1]
+            value = argv[at + 1]
         for prefix in ("-f=", "--f="):
             if arg.startswith(prefix) and len(arg) > len(prefix):
-                return arg[len(prefix):]
+                value = arg[len(prefix):]
+        if value is not None and (ipykernel or value.endswith(".json")):
+            return value
     return None
 
 
@@ -159,14 +163,29 @@ def my_kernels(proc: Path = PROC) -> list[ProcessInfo]:
     return found
 
 
-def alive(pid: int) -> bool:
-    """Whether `pid` exists (signal 0 checks, it delivers nothing)."""
-    if pid <= 0:
+PID_MAX = (1 << 22) - 1
+"""Linux's largest possible pid (`/proc/sys/kernel/pid_max` is at most 2**22)."""
+
+
+def alive(pid: int, proc: Path = PROC) -> bool:
+    """Whether `pid` is a running process: it exists (signal 0 checks, it delivers nothing) and is
+    not a zombie (state Z or X in /proc/PID/stat: it has finished, only its parent has not reaped
+    it). A number that cannot be a pid (0, negative, beyond `PID_MAX`, not an int) is dead."""
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= PID_MAX:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         pass  # another user's process: it exists
-    return True
+    return not finished(pid, proc)
+
+
+def finished(pid: int, proc: Path = PROC) -> bool:
+    """Whether /proc shows `pid` as a zombie (False where /proc cannot tell)."""
+    data = read_capped(proc / str(pid) / "stat", STATUS_BYTES)
+    if not data:
+        return False
+    fields = data.rpartition(b")")[2].split()  # the command name, in parentheses, may hold anything
+    return bool(fields) and fields[0] in (b"Z", b"X")

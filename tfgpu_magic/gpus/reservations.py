@@ -51,16 +51,33 @@ def path_for(kernel_id: str, directory: Path) -> Path:
     return directory / f"{PREFIX}{_SAFE_ID.sub('_', kernel_id)[:128]}{SUFFIX}"
 
 
+LOCK_WAIT = 5.0
+"""Seconds a launch waits for the lock (held by another launch for milliseconds; longer means a stuck
+or hostile holder), after which the pick is not recorded and the kernel starts with the warning."""
+LOCK_POLL = 0.05
+
+
 @contextlib.contextmanager
-def locked(directory: Path) -> Iterator[None]:
-    """An exclusive lock over the runtime dir's reservations (across processes: `fcntl.flock`)."""
+def locked(directory: Path, wait: float | None = None) -> Iterator[None]:
+    """An exclusive lock over the runtime dir's reservations (across processes: `fcntl.flock`).
+    Waits at most `wait` seconds (`LOCK_WAIT`), then raises `PolicyError`: a lock held forever must
+    never hang a launch."""
     import fcntl
 
     safefile.private_dir(directory)
     lock = directory / LOCK_NAME
     fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        wait = LOCK_WAIT if wait is None else wait
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise PolicyError(f"{lock} is still held by another process after {wait:g} s") from None
+                time.sleep(LOCK_POLL)
         yield
     finally:
         os.close(fd)  # closing releases the lock

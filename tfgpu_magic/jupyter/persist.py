@@ -49,11 +49,43 @@ def runtime_dir() -> Path:
 
 
 def write_policy(path: Path, policy: Policy, **extra: Any) -> None:
-    """Write `policy` (plus `extra` fields) as JSON, atomically, mode 0600, in a folder created 0700."""
+    """Write `policy` (plus `extra` fields) as JSON, atomically, mode 0600, in a folder created 0700.
+    `PolicyError` (nothing written) when something this project did not write is at `path`."""
+    _replaceable(path)
+    _write(path, policy, extra)
+
+
+def _write(path: Path, policy: Policy, extra: dict[str, Any]) -> None:
     from .. import safefile
 
     data = {"format": FORMAT, "policy": policy.to_dict(), **extra}
     safefile.write_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def _replaceable(path: Path) -> dict[str, Any] | None:
+    """The record of ours at `path` that a write may replace; None when nothing is there.
+    `PolicyError`, one line, when something else is (a link, a FIFO, another user's file, one others
+    may write, one too large to be ours, one not in our format): it is left exactly as it is.
+    `OSError` where `path` cannot be looked at (its folder is a file), as writing would raise."""
+    import stat
+
+    from .. import safefile
+
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    link = stat.S_ISLNK(info.st_mode)
+    reason = "is a symbolic link" if link else safefile.unfit(info, safefile.POLICY_BYTES, private=True)
+    record = None
+    if reason is None:
+        try:
+            record = read_record(path)
+        except PolicyError:
+            reason = "is not a tfgpu_magic policy file"
+    if reason is not None:
+        raise PolicyError(f"{path} {reason}: tfgpu_magic replaces only files it wrote; remove it by hand")
+    return record
 
 
 def read_record(path: Path) -> dict[str, Any] | None:
@@ -72,11 +104,13 @@ def read_record(path: Path) -> dict[str, Any] | None:
 def read_policy(path: Path) -> Policy | None:
     """The policy stored at `path`; None when there is no file; `PolicyError` naming the file when
     it is unusable (see `read_record`) or holds an invalid policy."""
+    data = read_record(path)
+    return None if data is None else _policy_in(path, data)
+
+
+def _policy_in(path: Path, data: dict[str, Any]) -> Policy:
     from ..language.policy import Policy
 
-    data = read_record(path)
-    if data is None:
-        return None
     try:
         return Policy.from_dict(data.get("policy"))
     except (ValueError, RecursionError) as err:  # PolicyError is a ValueError
@@ -84,41 +118,73 @@ def read_policy(path: Path) -> Policy | None:
 
 
 # ----- pending policies: one per kernel, across one restart ---------------------------------------
+_NAME_LIMIT = 128
+"""Longest kernel key used as it is in a pending file's name (a file name has at most 255 bytes)."""
+
+
 def pending_path(kernel_key: str, directory: Path | None = None) -> Path:
-    """Where the pending policy of the kernel `kernel_key` (`startup.kernel_key`) is kept."""
-    return (directory or runtime_dir()) / f"{PENDING_PREFIX}{re.sub(_SAFE_ID, '_', kernel_key)}.json"
+    """Where the pending policy of the kernel `kernel_key` (`startup.kernel_key`) is kept: the key
+    itself where it is a plain short name (a server's kernel id), else a readable prefix and a hash,
+    so that keys differing only in characters a file name cannot hold (`a b`, `a_b`) or past the
+    length a file name can have get files of their own."""
+    safe = re.sub(_SAFE_ID, "_", kernel_key)
+    if safe != kernel_key or len(kernel_key) > _NAME_LIMIT:
+        import hashlib
+
+        safe = f"{safe[:64]}-{hashlib.sha256(kernel_key.encode('utf-8', 'surrogateescape')).hexdigest()[:16]}"
+    return (directory or runtime_dir()) / f"{PENDING_PREFIX}{safe}.json"
 
 
 def store_pending(
     kernel_key: str, policy: Policy, connection_file: Path | None = None, directory: Path | None = None
 ) -> Path:
-    """Keep `policy` for the next kernel started on this kernel's connection file. Pending files of
-    kernels that are gone are removed first."""
+    """Keep `policy` for the next kernel started on this kernel's connection file, recording the key
+    and the file's real path: only that kernel takes it (`take_pending`). Pending files of kernels
+    that are gone are removed first. `PolicyError` (nothing written) when the file is another
+    kernel's pending policy or not one of ours."""
     directory = directory or runtime_dir()
     clean_gone(directory)
     path = pending_path(kernel_key, directory)
+    owner = _owner(kernel_key, connection_file)
+    existing = _replaceable(path)
+    if existing is not None and _owner_of(existing) != owner:
+        raise PolicyError(f"{path} holds the pending policy of another kernel "
+                          f"({existing.get('connection_file') or existing.get('kernel_id')}); not replacing it")
     extra: dict[str, Any] = {"kernel_id": kernel_key, "created": time.time()}
-    if connection_file is not None:
-        extra["connection_file"] = str(connection_file)
-    write_policy(path, policy, **extra)
+    if owner[1] is not None:
+        extra["connection_file"] = owner[1]
+    _write(path, policy, extra)
     return path
 
 
-def take_pending(kernel_key: str, directory: Path | None = None) -> Policy | None:
-    """The pending policy of `kernel_key`, removing its file; then pending files of kernels that are
-    gone are cleaned. `PolicyError` (file left in place) if the file is unusable."""
+def take_pending(kernel_key: str, directory: Path | None = None, connection_file: Path | None = None) -> Policy | None:
+    """The pending policy of the kernel `kernel_key` on `connection_file`, removing its file; then
+    pending files of kernels that are gone are cleaned. A file recorded for another kernel (another
+    key, or another connection file with the same name elsewhere) is left to it: None.
+    `PolicyError` (file left in place) if the file is unusable."""
     directory = directory or runtime_dir()
     path = pending_path(kernel_key, directory)
     try:
-        policy = read_policy(path)
-        if policy is not None:
-            try:
-                path.unlink()
-            except OSError as err:
-                warn(f"could not remove {path}: {err}")
+        record = read_record(path)
+        if record is None or _owner_of(record) != _owner(kernel_key, connection_file):
+            return None
+        policy = _policy_in(path, record)
+        try:
+            path.unlink()
+        except OSError as err:
+            warn(f"could not remove {path}: {err}")
         return policy
     finally:
         clean_gone(directory)
+
+
+def _owner(kernel_key: str, connection_file: Path | str | None) -> tuple[str, str | None]:
+    """Who a pending file is for: the kernel key and the real path of its connection file."""
+    return kernel_key, None if connection_file is None else os.path.realpath(connection_file)
+
+
+def _owner_of(record: dict[str, Any]) -> tuple[Any, Any]:
+    return record.get("kernel_id"), record.get("connection_file")
 
 
 def clean_gone(directory: Path) -> None:
@@ -195,14 +261,14 @@ def _tfgpu_magic_pending():
         return
     import importlib.util
 
-    if importlib.util.find_spec("tfgpu_magic") is None:
-        return
-    try:
+    try:  # every later startup file must run, whatever happens here
+        if importlib.util.find_spec("tfgpu_magic") is None:
+            return
         from tfgpu_magic.jupyter.startup import load_if_pending
-    except Exception as err:  # a kernel must start whatever happens here
-        print(f"tfgpu_magic: a policy is pending in {{runtime}} but tfgpu_magic cannot be imported: {{err}}", file=sys.stderr)
-        return
-    load_if_pending(shell)
+
+        load_if_pending(shell)
+    except Exception as err:
+        print(f"tfgpu_magic: could not check for a pending policy in {{runtime}}: {{err}}", file=sys.stderr)
 
 
 _tfgpu_magic_pending()

@@ -14,6 +14,7 @@ Without NVML the kernel starts anyway, with every GPU visible, and a one-line wa
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from typing import Any
@@ -125,7 +126,10 @@ class TFGPUProvisioner(LocalProvisioner):  # type: ignore[misc]  (jupyter_client
         return str(self.kernel_id or id(self))
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
-        policy, warning = self.resolve((kwargs.get("env") or os.environ).get(CUDA_VISIBLE_DEVICES))
+        # NVML and the reservation lock may take seconds: off the server's event loop, which must
+        # keep answering every other request meanwhile
+        inherited = (kwargs.get("env") or os.environ).get(CUDA_VISIBLE_DEVICES)
+        policy, warning = await asyncio.to_thread(self.resolve, inherited)
         kwargs = await super().pre_launch(**kwargs)
         env = kwargs["env"]
         for name, value in build_plan(policy).env:
@@ -144,7 +148,10 @@ class TFGPUProvisioner(LocalProvisioner):  # type: ignore[misc]  (jupyter_client
     async def post_launch(self, **kwargs: Any) -> None:
         await super().post_launch(**kwargs)
         if self._reservation is not None:
-            reservations.set_kernel_pid(self._reservation, self.pid)
+            try:
+                await asyncio.to_thread(reservations.set_kernel_pid, self._reservation, self.pid)
+            except (OSError, PolicyError):  # the record stays as it was; cleanup still removes it
+                pass
 
     async def cleanup(self, restart: bool = False) -> None:
         await super().cleanup(restart=restart)

@@ -1,6 +1,6 @@
 """Restart this kernel and re-apply the policy in the new one: the only module that talks to Jupyter.
 
-Routes, in order (facts in DESIGN.md §3 and §7):
+Routes, in order :
 1. `server`: a Jupyter server owns this kernel → `POST /api/kernels/{id}/restart` with its token;
 2. `exit`: the kernel was started with `TFGPU_MAGIC_RESTART=exit` (a manager that restarts dead
    kernels, which cannot be detected from inside the kernel) → exit cleanly;
@@ -14,8 +14,9 @@ file before it answers any cell; loading takes the pending policy.
 A server's token goes only to the server that owns this kernel, proven locally before any request:
 its `jpserver-<pid>.json` names a live process that is an ancestor of this kernel (the server
 started it, directly or through a kernelspec's wrapper), that process itself holds the socket
-listening on the file's port (/proc/net/tcp against its file descriptors, on Linux), and the server
-then lists this kernel id.
+listening on the very address and port the request goes to (/proc/net/tcp{,6} against its file
+descriptors, on Linux: a server on [::1] only is asked at [::1], never at 127.0.0.1, where another user
+may listen on the same port), and the server then lists this kernel id.
 Requests go over loopback only (a server listening on every interface is reached at 127.0.0.1 or
 ::1), never through a proxy, never following a redirect; for `https` the certificate is not checked
 (servers on loopback use self-signed ones) since the ancestor pid and the loopback port already
@@ -38,20 +39,21 @@ from ..language.policy import Policy
 from .startup import connection_file, kernel_key, on_next, server_kernel_id
 
 RESTART_ENV = "TFGPU_MAGIC_RESTART"
-REQUEST_DELAY = 0.05
-"""Seconds between the end of the cell and the restart request. The server interrupts the kernel
-before it shuts it down: that must not land in the cell (a KeyboardInterrupt), and the cell's reply
-should reach the front end first."""
-OUTSIDE_CELL_DELAY = 0.3
-"""The same, when the restart comes from a widget (a comm message, whose end has no event)."""
+REQUEST_WAIT = 1.0
+"""Most seconds the restart request waits for the kernel to finish the request that asked for it (the
+cell, or a widget's comm message). The server interrupts the kernel before it shuts it down: that must
+not land in the cell (a KeyboardInterrupt), and the cell's reply must reach the front end first."""
+POLL = 0.001
 HTTP_TIMEOUT = 3.0
 REPLY_BYTES = 1 << 20
 """Largest server reply read."""
 ANCESTOR_DEPTH = 16
 LISTEN_STATE = "0A"
 """TCP_LISTEN in /proc/net/tcp."""
-WILDCARD_HOSTS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "localhost": "127.0.0.1", "::": "::1"}  # noqa: S104
-"""Server `hostname`s (its `--ip`) and the loopback address that reaches such a server here."""
+WILDCARD_HOSTS = {
+    "": ("127.0.0.1", "::1"), "0.0.0.0": ("127.0.0.1",), "localhost": ("127.0.0.1", "::1"), "::": ("::1", "127.0.0.1"),  # noqa: S104
+}  # fmt: skip
+"""Server `hostname`s (its `--ip`) and the loopback addresses that may reach such a server here."""
 RESTARTING = "Restarting the kernel"
 RESTART_THREAD = "tfgpu_magic-restart"
 """The name of the thread that asks the server for the restart (tests watch for it)."""
@@ -148,25 +150,31 @@ def ancestors() -> list[int]:
     return pids
 
 
-def listens_on(pid: int, port: int) -> bool | None:
-    """Whether process `pid` itself holds the socket listening on loopback port `port` (from
-    /proc/net/tcp{,6} and the process's file descriptors); None where /proc cannot tell (not Linux).
+def _address(hex_address: str) -> str:
+    """The IP address of a /proc/net/tcp{,6} `local_address` field's address part (each 32-bit word
+    is stored in host byte order, little-endian here)."""
+    raw = bytes.fromhex(hex_address)
+    return str(ipaddress.ip_address(b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))))
 
-    A `jpserver-*.json` names a pid and a port; a pid that was reused, or an ancestor that is no Jupyter
-    server, must not make whatever answers on that port the owner of this kernel."""
+
+def listening_addresses(pid: int, port: int) -> set[str] | None:
+    """The local addresses ('127.0.0.1', '::', …) of the sockets that process `pid` itself holds
+    listening on `port` (from /proc/net/tcp{,6} and its file descriptors); None where /proc cannot
+    tell (not Linux)."""
     tables = [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]
     if not tables[0].exists():
         return None
     try:
         descriptors = list(Path(f"/proc/{pid}/fd").iterdir())
     except OSError:
-        return False
+        return set()
     inodes = set()
     for fd in descriptors:
         try:
             inodes.add(os.readlink(fd))
         except OSError:  # closed meanwhile (the listing's own descriptor among them)
             continue
+    addresses = set()
     for table in tables:
         try:
             rows = table.read_text(encoding="ascii", errors="replace").splitlines()[1:]
@@ -174,29 +182,54 @@ def listens_on(pid: int, port: int) -> bool | None:
             continue
         for row in rows:
             fields = row.split()
-            if len(fields) < 10 or fields[3] != LISTEN_STATE:
+            if len(fields) < 10 or fields[3] != LISTEN_STATE or f"socket:[{fields[9]}]" not in inodes:
                 continue
-            if int(fields[1].rsplit(":", 1)[1], 16) == port and f"socket:[{fields[9]}]" in inodes:
-                return True
-    return False
+            host, _, hex_port = fields[1].rpartition(":")
+            try:
+                if int(hex_port, 16) == port:
+                    addresses.add(_address(host))
+            except ValueError:
+                continue
+    return addresses
 
 
-def loopback_url(info: dict[str, Any]) -> str | None:
-    """The URL that reaches the server of `info` (a `jpserver-*.json`) over loopback; None when it
-    listens elsewhere only (a given remote or LAN address) or on a Unix socket."""
+def owner_host(candidates: list[str], listening: set[str]) -> str | None:
+    """The first of `candidates` (loopback addresses) that a socket in `listening` surely receives a
+    connection to: the same address, or the wildcard of its own family. An IPv6 wildcard may be
+    IPv6-only, so it never vouches for 127.0.0.1: another user could hold 127.0.0.1 on that port."""
+    for host in candidates:
+        wildcard = "::" if ":" in host else "0.0.0.0"  # noqa: S104
+        if host in listening or wildcard in listening:
+            return host
+    return None
+
+
+def loopback_hosts(info: dict[str, Any]) -> list[str]:
+    """The loopback addresses that may reach the server of `info` (a `jpserver-*.json`), best first;
+    [] when it listens elsewhere only (a given remote or LAN address, a host name) or on a Unix socket."""
     host, port, base = info.get("hostname"), info.get("port"), info.get("base_url") or "/"
     if info.get("sock") or not isinstance(host, str) or not isinstance(base, str) or not base.startswith("/"):
-        return None
+        return []
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-        return None
-    host = WILDCARD_HOSTS.get(host, host)
+        return []
+    if host in WILDCARD_HOSTS:
+        return list(WILDCARD_HOSTS[host])
     try:
-        if not ipaddress.ip_address(host).is_loopback:
-            return None
+        return [host] if ipaddress.ip_address(host).is_loopback else []
     except ValueError:  # a host name: where it points is not ours to trust
+        return []
+
+
+def server_url(info: dict[str, Any], pid: int) -> str | None:
+    """The URL of the server of `info`, at a loopback address that process `pid` itself listens on
+    (module docstring); None when there is none. Without /proc, the first loopback address."""
+    candidates = loopback_hosts(info)
+    listening = listening_addresses(pid, info["port"]) if candidates else set()
+    host = candidates[0] if listening is None else owner_host(candidates, listening)
+    if host is None:
         return None
     netloc = f"[{host}]" if ":" in host else host
-    return f"{'https' if info.get('secure') is True else 'http'}://{netloc}:{port}{base}"
+    return f"{'https' if info.get('secure') is True else 'http'}://{netloc}:{info['port']}{info.get('base_url') or '/'}"
 
 
 def server_files(directory: Path | None = None, quiet: bool = False) -> Iterator[tuple[Path, dict[str, Any], int]]:
@@ -231,12 +264,12 @@ def find_server(kernel_id: str, runtime_dir: Path | None = None) -> Server | Non
     for path, info, pid in server_files(runtime_dir):
         if pid not in lineage:
             continue  # a dead server, or one that did not start this kernel: it gets nothing
-        url = loopback_url(info)
-        if url is None:
+        if not loopback_hosts(info):
             warn(f"the Jupyter server of {path.name} is not reachable over loopback; its token is not sent")
             continue
-        if listens_on(pid, info["port"]) is False:
-            continue  # the port is not this process's: whatever answers there gets nothing
+        url = server_url(info, pid)
+        if url is None:
+            continue  # the address is not this process's: whatever answers there gets nothing
         server = Server.from_info(info, url, pid)
         try:
             reply = server.request("GET", f"api/kernels/{kernel_id}")
@@ -281,17 +314,44 @@ def restart_and_apply(shell: Any, policy: Policy) -> str:
             f"Not restarted: {route.reason}.\nThe policy is stored: {TO_DO_FRONTEND}, "
             "and it will be in force before the restarted kernel's first cell."
         )
+    held = hold_queued_cells(shell)
     if route.kind == "server":
         assert route.server is not None
         server = route.server  # found for the server's kernel id, which is this kernel's key
         when = "as this cell ends" if in_cell(shell) else "in a moment"
-        after_this_request(shell, lambda delay: _request_restart(shell, server, key, delay))
+        after_this_request(shell, lambda wait: _request_restart(shell, server, key, wait))
         return (
             f"{RESTARTING}: its Jupyter server (it confirmed it owns this kernel) is asked to restart it {when}; "
-            "the policy will be in force in the new kernel before your next cell."
+            f"the policy will be in force in the new kernel before your next cell.{held}"
         )
     shell.kernel.do_shutdown(True)
-    return f"{RESTARTING}: it exits now and its manager starts it again; the policy will be in force before your next cell."
+    return (
+        f"{RESTARTING}: it exits now and its manager starts it again; "
+        f"the policy will be in force before your next cell.{held}"
+    )
+
+
+QUEUED_NOT_RUN = "\nCells queued behind this one are not run in the old kernel (they would run under the old policy): run them again once the new kernel is up."
+
+
+def hold_queued_cells(shell: Any) -> str:
+    """From now until this kernel ends, answer every cell that reaches it as aborted instead of running
+    it: the restart is decided, and a cell run now would run under the old policy and its work would be
+    lost. This is ipykernel's own stop-on-error state (`Kernel._aborting`, read for each execute_request
+    in `Kernel.dispatch_shell`, ipykernel 6 and 7; front ends show such cells as not run). Returns the
+    sentence that tells the user, or "" where the kernel has no such state."""
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None or not hasattr(kernel, "_aborting"):
+        return ""
+    kernel._aborting = True
+    return QUEUED_NOT_RUN
+
+
+def release_queued_cells(shell: Any) -> None:
+    """Undo `hold_queued_cells`: the restart did not happen, so later cells run in this kernel again."""
+    kernel = getattr(shell, "kernel", None)
+    if kernel is not None and hasattr(kernel, "_aborting"):
+        kernel._aborting = False
 
 
 def in_cell(shell: Any) -> bool:
@@ -301,31 +361,44 @@ def in_cell(shell: Any) -> bool:
 
 
 def after_this_request(shell: Any, start: Callable[[float], None]) -> None:
-    """Call `start(delay)` once the cell being run has finished, or at once (with a longer delay)
-    when the request being handled is not a cell."""
+    """Call `start(wait)` as the cell being run finishes, or at once when the request being handled is
+    not a cell; `start` waits up to `wait` seconds for the request to be over (`wait_for_idle`)."""
     if not in_cell(shell):
-        start(OUTSIDE_CELL_DELAY)
+        start(REQUEST_WAIT)
         return
 
-    on_next(shell, "post_execute", lambda: start(REQUEST_DELAY))  # fires for silent cells too
+    on_next(shell, "post_execute", lambda: start(REQUEST_WAIT))  # fires for silent cells too
 
 
-def _request_restart(shell: Any, server: Server, kernel_id: str, delay: float) -> None:
+def _request_restart(shell: Any, server: Server, kernel_id: str, wait: float) -> None:
     import threading
 
-    thread = threading.Thread(target=_post_restart, args=(shell, server, kernel_id, delay), name=RESTART_THREAD, daemon=True)
+    thread = threading.Thread(target=_post_restart, args=(shell, server, kernel_id, wait), name=RESTART_THREAD, daemon=True)
     thread.start()
 
 
-def _post_restart(shell: Any, server: Server, kernel_id: str, delay: float) -> None:
+def wait_for_idle(wait: float) -> None:
+    """Return once the kernel has finished handling the request being run (its reply sent), or after
+    `wait` seconds. ipykernel sets SIGINT to `default_int_handler` for the time it handles a request and
+    puts its idle handler back after the reply (`Kernel.pre_handler_hook` / `post_handler_hook`, ipykernel
+    6 and 7), so the handler in place tells, from any thread."""
+    import signal
+
+    deadline = time.monotonic() + wait
+    while signal.getsignal(signal.SIGINT) is signal.default_int_handler and time.monotonic() < deadline:
+        time.sleep(POLL)
+
+
+def _post_restart(shell: Any, server: Server, kernel_id: str, wait: float) -> None:
     """Ask for the restart; if the server refuses, the kernel lives on: say so at the start of the next
     cell (the cell that asked has ended)."""
-    time.sleep(delay)
+    wait_for_idle(wait)
     try:
         server.request("POST", f"api/kernels/{kernel_id}/restart")
     except ValueError:  # PolicyError: the server accepted (2xx); only its reply body was odd
         return
     except OSError as err:  # a refusal
+        release_queued_cells(shell)
         message = (
             f"tfgpu_magic: the kernel was NOT restarted: its Jupyter server refused ({short_error(err)}). "
             "The policy stays stored; restart the kernel from your front end to apply it."

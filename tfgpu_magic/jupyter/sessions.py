@@ -3,7 +3,7 @@
 Only servers that prove themselves locally are asked (the same proof as `restart.find_server`, less
 the ancestry, since `who` asks about every kernel of this user, not only its own): the
 `jpserver-<pid>.json` is private to this user, its pid is alive, is this user's, and itself holds the
-socket listening on the file's port; the request goes over loopback through `restart.Server`
+socket listening on the address and port the request goes to; the request goes over loopback through `restart.Server`
 (no proxy, no redirect, the token never printed). A server that fails any step gets nothing.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..gpus.processes import alive, uid_of
-from .restart import Server, listens_on, loopback_url, server_files
+from .restart import Server, server_files, server_url
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,8 @@ def my_servers(runtime_dir: Path | None = None) -> list[Server]:
     for _, info, pid in server_files(runtime_dir, quiet=True):  # a broken file: nothing to ask
         if not _owned_by_me(pid):
             continue
-        url = loopback_url(info)
-        if url is None or listens_on(pid, info["port"]) is not True:
+        url = server_url(info, pid)
+        if url is None:
             continue
         servers.append(Server.from_info(info, url, pid))
     return servers

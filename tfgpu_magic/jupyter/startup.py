@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import persist
-from ..errors import warn
+from ..errors import short_error, warn
 
 if TYPE_CHECKING:
     from ..controller import Controller
@@ -72,12 +72,20 @@ def current_kernel_key(shell: Any) -> str | None:
 def load_if_pending(shell: Any) -> None:
     """Run from the profile's startup file (`persist.PENDING_STARTUP_CODE`): load the extension in a
     kernel that a `%tfgpu restart` left a pending policy for, before any cell runs. A policy that is
-    pending but cannot be applied is one line naming its file; the kernel starts regardless."""
+    pending but cannot be applied is one line naming its file; the kernel starts regardless, and no
+    error of ours stops the profile's later startup files (IPython skips them all after one raises)."""
+    try:
+        _load_if_pending(shell)
+    except Exception as err:  # noqa: BLE001 (the user's own startup files come after this one)
+        warn(f"could not check for a pending policy: {short_error(err)}")
+
+
+def _load_if_pending(shell: Any) -> None:
     if "tfgpu_magic" in shell.extension_manager.loaded:
         return  # its `%load_ext` brought the startup files up to date
     key = current_kernel_key(shell)
     path = persist.pending_path(key) if key is not None else None
-    if path is None or not path.exists():
+    if path is None or not _present(path):
         # this file only: an autoload file is brought up to date by the `%load_ext` it runs
         persist.upgrade_startup_files(shell.profile_dir.location, (persist.PENDING_STARTUP_NAME,))
         return
@@ -117,7 +125,8 @@ def startup_policy(
     """The policy this kernel starts with (None: no source), and one-line warnings."""
     persist.upgrade_startup_files(profile_dir)
     default_file = persist.default_path(profile_dir)
-    key = current_kernel_key(shell)
+    connection = connection_file(shell)
+    key = kernel_key(connection) if connection is not None else None
     pending_file = persist.pending_path(key) if key else None
     launch = os.environ.get(LAUNCH_WARNING_ENV, "").strip()
     if not (configured or _present(default_file) or os.environ.get(POLICY_ENV) or launch
@@ -144,7 +153,7 @@ def startup_policy(
     attempt("saved default", lambda: persist.read_policy(default_file))
     attempt("policy of this kernelspec", lambda: policy_from_env(os.environ))
     if key is not None:
-        attempt("pending policy", lambda: persist.take_pending(key))
+        attempt("pending policy", lambda: persist.take_pending(key, connection_file=connection))
     if launch:
         warnings.append(launch.splitlines()[0][:300])
     return policy, warnings

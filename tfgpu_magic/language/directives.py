@@ -11,7 +11,7 @@ in plain classes (a dataclass costs about 0.7 ms at import, several times this w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 from .words import ALL_GPUS, ALLOCATORS, LOGLEVELS
 
@@ -79,11 +79,13 @@ class Directive:
     options: its `--options`.
     slots: completion of each argument position (None: free text, e.g. a size; default: the choices).
     examples: lines that parse (tests and fuzzing start from them).
-    describe: for an edit, the status phrases of its part of a policy ([] for TF's default).
+    describe: for an edit, the status phrases of its part of a policy ([] for TF's default), given
+    the policy and optionally the GPUs' nvidia-smi indices by UUID (`Names`).
+    details: more than the usage line says, for `%tfgpu?` only ('' for nothing more).
     """
 
     __slots__ = ("name", "kind", "forms", "synopsis", "arity", "choices", "field", "values", "options", "slots",
-                 "examples", "describe")
+                 "examples", "describe", "details")
 
     def __init__(
         self,
@@ -99,10 +101,12 @@ class Directive:
         options: tuple[Option, ...] = (),
         slots: tuple[Slot | None, ...] = (),
         examples: tuple[str, ...] = (),
-        describe: Callable[[Policy], list[str]] | None = None,
+        describe: Describe | None = None,
+        details: str = "",
     ) -> None:
         self.name, self.kind, self.forms, self.arity = name, kind, forms, arity
         self.field, self.values, self.options, self.examples = field, values, options, examples
+        self.details = details
         self.choices = choices or tuple(word for word, _ in values)
         self.synopsis = synopsis or " | ".join(self.choices)
         self.slots = slots or ((Slot(self.choices),) if self.choices else ())
@@ -124,7 +128,7 @@ class Directive:
         """The field value of a word of `choices` (a field edit)."""
         return dict(self.values)[word]
 
-    def _describe_field(self, policy: Policy) -> list[str]:
+    def _describe_field(self, policy: Policy, names: Names | None = None) -> list[str]:
         """`growth on`, `loglevel error`: the first word that gives the field's value ([] for None)."""
         value = getattr(policy, self.field or "")
         if value is None:
@@ -133,36 +137,88 @@ class Directive:
 
 
 # ----- describe: a policy's part, as directive-like phrases -----------------------------------------
-def _describe_limit(policy: Policy) -> list[str]:
+Names = Mapping[str, str]
+"""GPU UUID → nvidia-smi index (from the inventory), so the status can name a GPU by its index."""
+Describe = Callable[..., list[str]]
+"""`describe(policy, names=None)`: a directive's part of a policy as status phrases."""
+
+
+def gpu_name(ref: str, names: Names | None = None) -> str:
+    """`GPU 1` for an index or a UUID whose index is known, else the UUID cut short (`GPU-b1c2d3e4…`)."""
+    from .policy import is_index, short_uuid
+
+    index = ref if is_index(ref) else (names or {}).get(ref)
+    return f"GPU {index}" if index is not None else short_uuid(ref)
+
+
+def gpu_names(refs: Sequence[str], names: Names | None = None) -> str:
+    """`GPU 1, 2` (one `GPU` for the indices), then any UUID whose index is unknown, cut short."""
+    shown = [gpu_name(ref, names) for ref in refs]
+    indices = [name.removeprefix("GPU ") for name in shown if name.startswith("GPU ")]
+    uuids = [name for name in shown if not name.startswith("GPU ")]
+    return ", ".join(([f"GPU {', '.join(indices)}"] if indices else []) + uuids)
+
+
+def _describe_limit(policy: Policy, names: Names | None = None) -> list[str]:
     limits = policy.limit_map
     default = limits.pop(ALL_GPUS, None)
-    own = [f"{mib} MiB on GPU {gpu}" for gpu, mib in limits.items()]
+    written = dict(policy.limits_written)
+    sizes: dict[str, list[str]] = {}  # the size as shown (`50% (40960 MiB)`) → its GPUs, in order
+    for gpu, mib in limits.items():
+        sizes.setdefault(f"{written[gpu]} ({mib} MiB)" if gpu in written else f"{mib} MiB", []).append(gpu)
+    own = [f"{size} on {gpu_names(gpus, names)}" for size, gpus in sizes.items()]
     if default is not None:  # a split GPU is sized by its split, not by the limit on every GPU
         other = "every other visible GPU" if own or policy.splits else "every visible GPU"
         own.append(f"{default} MiB on {other}")
     return ["limit " + ", ".join(own)] if own else []
 
 
-def _describe_visible(policy: Policy) -> list[str]:
-    return [] if policy.visible is None else [f"visible {','.join(policy.visible) or 'none'}"]
+def _describe_visible(policy: Policy, names: Names | None = None) -> list[str]:
+    """`visible 0,1`; GPUs given by UUID as `2 (GPU-b2d4f6a8…)` where the index is known."""
+    from .policy import is_index, short_uuid
+
+    if policy.visible is None:
+        return []
+    if all(is_index(ref) for ref in policy.visible):
+        return [f"visible {','.join(policy.visible) or 'none'}"]
+    known = names or {}
+    return ["visible " + ", ".join(f"{known[ref]} ({short_uuid(ref)})" if ref in known else short_uuid(ref)
+                                   for ref in policy.visible)]
 
 
-def _describe_split(policy: Policy) -> list[str]:
-    parts = [f"split GPU {gpu} into {' + '.join(f'{mib} MiB' for mib in sizes)}" for gpu, sizes in policy.splits]
-    if policy.cpu_devices is not None:
-        parts.append(f"split cpu into {policy.cpu_devices} logical devices")
-    return parts
+def _describe_gpu_splits(policy: Policy, names: Names | None = None) -> list[str]:
+    return [f"split {gpu_name(gpu, names)} into {' + '.join(f'{mib} MiB' for mib in sizes)}"
+            for gpu, sizes in policy.splits]
 
 
-def _describe_nothing(policy: Policy) -> list[str]:
+def _describe_split(policy: Policy, names: Names | None = None) -> list[str]:
+    cpu = [f"split cpu into {policy.cpu_devices} logical devices"] if policy.cpu_devices is not None else []
+    return _describe_gpu_splits(policy, names) + cpu
+
+
+def _describe_nothing(policy: Policy, names: Names | None = None) -> list[str]:
     return []
 
 
-def describe_policy(policy: Policy) -> list[str]:
+def describe_policy(policy: Policy, names: Names | None = None) -> list[str]:
     """The whole policy as phrases (`visible 0`, `growth on`, ...), visible first as TF applies it,
-    then how a field was chosen (`(visible: auto picked ...)`)."""
-    parts = [phrase for directive in DESCRIBE_ORDER for phrase in directive.describe(policy)]  # type: ignore[misc]
+    then how a field was chosen (`(visible: auto picked ...)`). With `names`, GPUs given by UUID are
+    shown by their nvidia-smi index."""
+    parts = [phrase for directive in DESCRIBE_ORDER
+             for phrase in directive.describe(policy, names)]  # type: ignore[misc]
     return parts + [f"({field}: {why})" for field, why in policy.sources]
+
+
+def gpu_asks(policy: Policy, names: Names | None = None) -> list[str]:
+    """The policy's GPU settings that ask TensorFlow for more than its defaults, as status phrases:
+    where TensorFlow sees no GPU, these are what has nothing to apply to (`growth off` and
+    `allocator bfc` are what a GPU-less process has anyway)."""
+    asks = _describe_visible(policy, names) + _describe_limit(policy, names) + _describe_gpu_splits(policy, names)
+    if policy.growth:
+        asks += spec("growth").describe(policy)  # type: ignore[misc]
+    if policy.allocator is not None and ALLOCATORS[policy.allocator] is not None:
+        asks += spec("allocator").describe(policy)  # type: ignore[misc]
+    return asks
 
 
 # ----- the registry ---------------------------------------------------------------------------------
@@ -245,28 +301,47 @@ REGISTRY: tuple[Directive, ...] = (
     ),
     Directive(
         "restart", "action",
-        (Form("%tfgpu restart [--yes]", "restart the kernel with the policy in force (below)"),),
+        (Form("%tfgpu restart [--yes]", "restart the kernel with the policy in force"),),
         options=(Option("--yes", None, "restart now, without asking"),), examples=("restart",),
+        details="says what a restart loses and changes, then restarts through the Jupyter server (or an "
+                "autorestarting manager); where nothing can restart the kernel, stores the policy and says "
+                "how to restart from the front end",
     ),
     Directive(
         "panel", "action",
-        (Form("%tfgpu panel", "the same policy as clickable widgets (below)"),),
+        (Form("%tfgpu panel", "the same policy as clickable widgets"),),
         examples=("panel",),
+        details="needs ipywidgets in a notebook front end; the panel and %tfgpu edit one policy, each shows "
+                "what the other changed",
     ),
     Directive(
         "doctor", "action",
-        (Form("%tfgpu doctor [--json]", "why TensorFlow does (not) see a GPU (below)"),),
+        (Form("%tfgpu doctor [--json]", "why TensorFlow does (not) see a GPU"),),
         options=(Option("--json", None, "the checks as JSON"),), examples=("doctor",),
+        details="one check a line (driver, NVML, CUDA libraries, TensorFlow's build, the GPUs it lists, "
+                "CUDA_VISIBLE_DEVICES...), each with its verdict and, where one fails, the fix",
+    ),
+    Directive(
+        "selftest", "action",
+        (Form("%tfgpu selftest [--json]", "prove each setting works on this machine, in fresh processes"),),
+        options=(Option("--json", None, "the verdicts as JSON"),), examples=("selftest",),
+        details="each rule (split, visible, growth, limit, allocator, loglevel, locking...) applies one policy in a "
+                "fresh Python process and measures it with this machine's TensorFlow and NVML: pass, fail or skip "
+                "(and why); runs outside this kernel, whose TensorFlow stays untouched; in a terminal: "
+                "python -m tfgpu_magic selftest",
     ),
     Directive(
         "memory", "action",
-        (Form("%tfgpu memory", "per GPU: TF's tensors now/peak, this process, others, the cap (below)"),),
+        (Form("%tfgpu memory", "per GPU: TF's tensors now/peak, this process, others, the cap"),),
         examples=("memory",),
+        details="never imports or initializes TensorFlow; the figures as dicts: tfgpu_magic.memory()",
     ),
     Directive(
         "who", "action",
-        (Form("%tfgpu who [--shutdown KERNEL_ID --yes]", "which notebook holds which GPU, and how idle it is (below)"),),
+        (Form("%tfgpu who [--shutdown KERNEL_ID --yes]", "which notebook holds which GPU, and how idle it is"),),
         synopsis="[--shutdown KERNEL_ID --yes]",
+        details="the processes on each GPU and your Jupyter kernels, with their notebooks and idle time; "
+                "--shutdown KERNEL_ID --yes asks the server that owns that kernel to shut it down",
         options=(
             Option("--shutdown", "KERNEL_ID", "shut down one of your own kernels (needs --yes)"),
             Option("--yes", None, "confirm the shutdown"),
@@ -275,8 +350,9 @@ REGISTRY: tuple[Directive, ...] = (
     ),
     Directive(
         "watch", "action",
-        (Form("%tfgpu watch on | off", "after each cell, a line per GPU whose memory moved (below)"),),
+        (Form("%tfgpu watch on | off", "after each cell, a line per GPU whose memory moved"),),
         arity=(1, 1), choices=("on", "off"), examples=("watch on", "watch off"),
+        details="off removes the hook: cells pay nothing when it is off",
     ),
     Directive(
         "default", "action",
@@ -361,8 +437,20 @@ def option_lines() -> list[str]:
     return lines
 
 
+def detail_lines(width: int = 100) -> list[str]:
+    """`%tfgpu?`'s word on the directives whose usage line needs more: `restart  says what ...`,
+    wrapped to `width`."""
+    import textwrap
+
+    column = 2 + max(len(d.name) for d in REGISTRY) + 2
+    return [line for d in REGISTRY if d.details
+            for line in textwrap.wrap(d.details, width, initial_indent=f"  {d.name:<{column - 2}}",
+                                      subsequent_indent=" " * column, break_on_hyphens=False)]
+
+
 def help_text(summary: str) -> str:
-    """The magic's docstring (`%tfgpu?`): `summary`, every directive, the notes, the options."""
+    """The magic's docstring (`%tfgpu?`): `summary`, every directive, the notes, more on some
+    directives, the options. It stands on its own: nothing in it points elsewhere."""
     indent = "  "
     return "\n".join([
         summary,
@@ -372,6 +460,10 @@ def help_text(summary: str) -> str:
         *(indent + line for line in grammar_lines()),
         "",
         *NOTES,
+        "",
+        "More on some directives::",
+        "",
+        *detail_lines(),
         "",
         "Options::",
         "",

@@ -159,14 +159,15 @@ def parse_cell(text: str, catalog: GpuCatalog | None = None) -> list[Edit]:
             words = split_words(line)
             if not words:
                 continue
+            spec = lookup(words[0])
+            if spec is not None and not spec.in_cell:  # before its arguments: `restart --yes` is no edit either
+                raise PolicyError(
+                    f"`{spec.name}` is not allowed in a %%tfgpu cell "
+                    f"(only {', '.join(directives.CELL_NAMES)}); run it as a line magic"
+                )
             parsed = parse_words(words, catalog)
         except PolicyError as err:
             raise PolicyError(f"line {number}: {err}") from None
-        if not isinstance(parsed, Edit):
-            raise PolicyError(
-                f"line {number}: `{parsed.name}` is not allowed in a %%tfgpu cell "
-                f"(only {', '.join(directives.CELL_NAMES)}); run it as a line magic"
-            )
         edits.append(parsed._replace(line=number))
     return edits
 
@@ -261,11 +262,12 @@ def _parse_limit(args: list[str], catalog: GpuCatalog | None) -> Args:
     if args[0].lower() == "off":
         return {"off": True, "gpus": gpus}
     size = parse_size(args[0])
-    if gpus is None and _is_percent(size):  # every visible card, each by its own total, when applied
-        return {"percent": float(size)}
+    written = f"{size:g}%" if _is_percent(size) else None
+    if gpus is None and written:  # every visible card, each by its own total, when applied
+        return {"percent": float(size), "written": written}
     if gpus is None:
         return {"mib": int(size)}
-    return {"entries": tuple(_per_gpu_mib(size, catalog, gpus))}
+    return {"entries": tuple(_per_gpu_mib(size, catalog, gpus)), **({"written": written} if written else {})}
 
 
 @_edit("limit", _parse_limit)
@@ -273,23 +275,33 @@ def _apply_limit(policy: Policy, args: Mapping[str, Any], catalog: GpuCatalog | 
     if args.get("off"):
         return _limit_off(policy, args["gpus"])
     if "percent" in args:
-        return policy.edited(limits=sort_gpu_items(_percent_of_unsplit(Percent(args["percent"]), catalog, policy)))
+        entries = _percent_of_unsplit(Percent(args["percent"]), catalog, policy)
+        return _with_limits(policy, dict(entries), {gpu: args["written"] for gpu, _ in entries})
     if "mib" in args:
-        return policy.edited(limits=((ALL_GPUS, args["mib"]),))
-    limits = {**policy.limit_map, **dict(args["entries"])}
-    return policy.edited(limits=sort_gpu_items(limits.items()))
+        return _with_limits(policy, {ALL_GPUS: args["mib"]}, {})
+    entries = dict(args["entries"])
+    written = {gpu: text for gpu, text in policy.limits_written if gpu not in entries}
+    if "written" in args:
+        written.update((gpu, args["written"]) for gpu in entries)
+    return _with_limits(policy, {**policy.limit_map, **entries}, written)
+
+
+def _with_limits(policy: Policy, limits: Mapping[str, int], written: Mapping[str, str]) -> Policy:
+    """`policy` with these limits, and how those given as a share of the card were written."""
+    return policy.edited(limits=sort_gpu_items(limits.items()),
+                         limits_written=sort_gpu_items((gpu, text) for gpu, text in written.items() if gpu in limits))
 
 
 def _limit_off(policy: Policy, gpus: tuple[str, ...] | None) -> Policy:
     if gpus is None:
-        return policy.edited(limits=())
+        return _with_limits(policy, {}, {})
     limits = policy.limit_map
     for gpu in gpus:
         if gpu not in limits:
             hint = " (a limit on all GPUs stays; `limit off` removes it)" if ALL_GPUS in limits else ""
             raise PolicyError(f"limit off: GPU {gpu} has no limit of its own{hint}")
         del limits[gpu]
-    return policy.edited(limits=sort_gpu_items(limits.items()))
+    return _with_limits(policy, limits, dict(policy.limits_written))
 
 
 def _parse_visible(args: list[str], catalog: GpuCatalog | None) -> Args:
@@ -315,7 +327,8 @@ def _parse_visible(args: list[str], catalog: GpuCatalog | None) -> Args:
 @_edit("visible", _parse_visible)
 def _apply_visible(policy: Policy, args: Mapping[str, Any], catalog: GpuCatalog | None) -> Policy:
     why = args.get("why")
-    return policy.edited(visible=args["gpus"], sources=(("visible", why),) if why else ())
+    others = tuple(source for source in policy.sources if source[0] != "visible")
+    return policy.edited(visible=args["gpus"], sources=others + ((("visible", why),) if why else ()))
 
 
 def _auto_pick(word: str, catalog: GpuCatalog | None) -> tuple[tuple[str, ...], str]:

@@ -56,6 +56,16 @@ def is_uuid(text: str) -> bool:
     return len(text) <= MAX_UUID_CHARS and _UUID.fullmatch(text) is not None
 
 
+SHORT_UUID = len("GPU-8932f937")
+"""A UUID shown in a status is cut to its first 8 hex digits, a prefix CUDA and `%tfgpu` accept."""
+
+
+def short_uuid(ref: str) -> str:
+    """`GPU-b1c2d3e4…` for a long GPU/MIG UUID (the status keeps within a screen's width); other
+    references as they are."""
+    return f"{ref[:SHORT_UUID]}…" if is_uuid(ref) and len(ref) > SHORT_UUID + 1 else ref
+
+
 def quote(value: object, limit: int = 40) -> str:
     """`repr(value)` for an error message, shortened so a huge input is never echoed back whole
     (and a huge int never reaches `repr`, which raises Python's digit-limit ValueError)."""
@@ -111,6 +121,9 @@ class Policy:
     loglevel: str | None = None
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     """Free-form notes on how a field was chosen (e.g. `visible auto`), shown by the status."""
+    limits_written: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    """(GPU, `50%`) for each limit given as a share of its card, so the status shows it as written;
+    the MiB in `limits` are what applies."""
 
     # ----- derived views -------------------------------------------------------------------
     @property

@@ -1,9 +1,11 @@
 """OOMs that explain themselves and let go.
 
-After a cell raised TensorFlow's `ResourceExhaustedError`, IPython has already shown its traceback;
-a `post_run_cell` hook then prints a short `tfgpu:` explanation (what was asked for, where, the cap and
-its source, the peak, who else holds memory, what to do), and clears the frames of the failed cell's
-traceback, so that tensors only those frames held are freed before the next cell.
+After a cell raised TensorFlow's `ResourceExhaustedError` for memory, IPython has already shown its
+traceback; a `post_run_cell` hook then prints a short `tfgpu:` explanation (what was asked for, where,
+the cap and its source, the peak, who else holds memory, what to do), and clears the frames of the
+failed cell's traceback, so that tensors only those frames held are freed before the next cell. The
+same error for a quota, a rate limit or a full queue, and any error whose text cannot be read, pass
+untouched: the hook never adds an error of its own.
 
 Why `post_run_cell` and not `set_custom_exc`: IPython shows the traceback itself, untouched (`%xmode`,
 `%pdb` — which debugs the intact frames before this hook runs —, the kernel's error reply); the
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import re
 import sys
 from types import FrameType
 from typing import Any, Callable
@@ -70,13 +73,29 @@ DNN_STARTUP_HINT = ("tfgpu: cuDNN/cuBLAS could not start, which usually means th
                     "then `%tfgpu restart` lets TensorFlow take only what it needs.")
 
 
+def readable_text(error: BaseException) -> str | None:
+    """`error_text(error)`; None when reading it raises (a `message` property or `__str__` that
+    fails): such an error is not one the hook understands, so it is left alone."""
+    try:
+        return error_text(error)
+    except Exception:  # noqa: BLE001 (any code can run in a user's exception class)
+        return None
+
+
+MEMORY_EXHAUSTION = (r"\bOOM\b|out of memory|ran out of memory|(?:unable|failed|fails|failure) to allocate"
+                     r"|allocation failed|CUDA_ERROR_OUT_OF_MEMORY|memory exhausted")
+"""What TensorFlow's messages say when memory ran out (the BFC allocator's "OOM when allocating
+tensor", XLA's "Out of memory while trying to allocate", CUDA's `CUDA_ERROR_OUT_OF_MEMORY`).
+`ResourceExhaustedError` also reports quotas, rate limits and full queues, which are not memory."""
+
+
 def is_dnn_startup_failure(error: BaseException) -> bool:
     """A cuDNN / cuBLAS start-up error, by its message or that of its cause or context."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        text = error_text(current).lower()
+        text = (readable_text(current) or "").lower()
         if any(fragment in text for fragment in DNN_STARTUP_FAILURES):
             return True
         current = current.__cause__ or current.__context__
@@ -84,8 +103,12 @@ def is_dnn_startup_failure(error: BaseException) -> bool:
 
 
 def is_oom(error: BaseException | None) -> bool:
-    """A TensorFlow `ResourceExhaustedError` (False while TensorFlow is not imported)."""
-    return error is not None and isinstance(error, oom_types())
+    """A TensorFlow `ResourceExhaustedError` that says memory ran out (False while TensorFlow is not
+    imported, and for the other resources that error reports)."""
+    if error is None or not isinstance(error, oom_types()):
+        return False
+    text = readable_text(error)
+    return text is not None and re.search(MEMORY_EXHAUSTION, text, re.IGNORECASE) is not None
 
 
 def frames_of(error: BaseException) -> list[FrameType]:
@@ -130,12 +153,11 @@ def explain(error: BaseException, controller: MemorySource, api: MemoryAPI | Non
             peak_from_cell: bool = False) -> list[str]:
     """The `tfgpu:` lines after an OOM's traceback. `peak_from_cell`: the peak was reset before the
     cell (`%tfgpu watch on`), else it is the process's peak so far."""
-    message = error_text(error)
-    request = parse_oom(message)
+    request = parse_oom(readable_text(error) or "")
     device = request.device if request else None
     lines = []
     if request is None:
-        lines.append("TensorFlow ran out of a resource (ResourceExhaustedError); its message names no tensor size.")
+        lines.append("TensorFlow ran out of memory (ResourceExhaustedError); its message names no tensor size.")
     else:
         shape = ", ".join(str(dim) for dim in request.shape)
         asked = bytes_text(request.bytes) if request.bytes is not None else f"? ({request.dtype}: size unknown)"
@@ -183,7 +205,12 @@ class OomHook:
         self.out = out
 
     def __call__(self, result: Any) -> None:
-        error = getattr(result, "error_in_exec", None)
+        try:
+            self._after(getattr(result, "error_in_exec", None))
+        except Exception:  # noqa: BLE001 (a hook never adds an error of its own to the user's cell)
+            return
+
+    def _after(self, error: BaseException | None) -> None:
         if error is None:
             return
         if not is_oom(error):

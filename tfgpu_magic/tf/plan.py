@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Mapping, NamedTuple, Sequence
 
 from ..gpus.cudaenv import parse_cuda_visible
+from ..language.directives import gpu_name
 from ..language.policy import ALL_GPUS, ALLOCATORS, Policy, is_index
 from .envvars import (CPP_LOG_LEVEL, CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, TF_CPP_MIN_LOG_LEVEL,
                       TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR)
@@ -168,7 +169,7 @@ def build_plan(
     for ref in unresolved:
         why = ("it is not among the GPUs CUDA will use" if is_index(aliases.get(ref, ref) if aliases else ref)
                else "a UUID needs the GPU inventory (or list it in `visible`)")
-        notes.append(f"GPU {ref}: no TensorFlow index is known for it here: {why}")
+        notes.append(f"{gpu_name(ref)}: no TensorFlow index is known for it here: {why}")
     return Plan(
         env=tuple(env.items()),
         growth=growth,

@@ -12,9 +12,10 @@ import logging
 import os
 import sys
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
-from ..errors import error_text
+from ..errors import PolicyError, error_text, warn
 from ..gpus.inventory import driver_present
 from ..language.words import ALLOCATORS
 from . import envvars
@@ -25,6 +26,13 @@ LOCKED_MARKER = "cannot be modified after"
 """Text of TensorFlow's RuntimeError when a device setting changes after initialization."""
 
 ASYNC_ALLOCATOR = ALLOCATORS["async"]
+
+NO_TENSORFLOW = ("TensorFlow is not installed in this Python ({python}): pip install tensorflow "
+                 "(on a GPU machine: pip install 'tensorflow[and-cuda]')")
+"""The one line a call that needs TensorFlow itself gives where it cannot be imported."""
+
+NO_GPU = "TensorFlow sees no GPU in this process (`%tfgpu doctor` says why)"
+NO_GPU_NOTE = f"{NO_GPU}: the policy's GPU settings have nothing to apply to here"
 
 
 class RuntimeState(NamedTuple):
@@ -153,10 +161,10 @@ def cuda_loaded(maps: str = PROC_MAPS, driver: Callable[[], bool] = driver_prese
 def eager_flags() -> tuple[bool, bool] | None:
     """(devices listed, runtime initialized) from TensorFlow's eager context; None before import.
 
-    The one place that reads TensorFlow's private `context_safe()`, `_physical_devices` and
-    `_context_handle` (the same test TensorFlow's own setters make, stable from 2.10 to 2.21). If
-    they ever go away, both read False and the setters' RuntimeError is caught instead (see
-    `apply_plan`). A few attribute reads: cheap enough for the per-cell hooks."""
+    With `call_at_initialization`, the one place that reads TensorFlow's private `context_safe()`,
+    `_physical_devices` and `_context_handle` (the same test TensorFlow's own setters make, stable
+    from 2.10 to 2.21). If they ever go away, both read False and the setters' RuntimeError is caught
+    instead (see `apply_plan`). A few attribute reads: cheap enough for the per-cell hooks."""
     if "tensorflow" not in sys.modules:
         return None
     module = sys.modules.get("tensorflow.python.eager.context")
@@ -165,6 +173,41 @@ def eager_flags() -> tuple[bool, bool] | None:
         return False, False
     return (getattr(context, "_physical_devices", None) is not None,
             getattr(context, "_context_handle", None) is not None)
+
+
+def call_at_initialization(callback: Callable[[FrameType], None]) -> bool:
+    """Call `callback(frame)` once, right after the call that initializes TensorFlow's runtime, with
+    the frame that made that call (so the cell line that initialized it can be named); False where
+    this cannot be watched (TensorFlow not imported, or its private `Context.ensure_initialized` gone).
+
+    Every initialization goes through `Context.ensure_initialized` (eager/context.py: ops, tensors,
+    `list_logical_devices`, ...); the wrapper puts TensorFlow's method back once the runtime exists,
+    so it costs nothing after the first op."""
+    module = sys.modules.get("tensorflow.python.eager.context") if "tensorflow" in sys.modules else None
+    owner = getattr(module, "Context", None)
+    current = getattr(owner, "ensure_initialized", None)
+    if current is None:
+        return False
+    original = getattr(current, WRAPPED, current)
+
+    @functools.wraps(original)
+    def ensure_initialized(context: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(context, "_context_handle", None) is not None:
+            return original(context, *args, **kwargs)
+        caller = sys._getframe(1)
+        try:
+            return original(context, *args, **kwargs)
+        finally:
+            if getattr(context, "_context_handle", None) is not None:
+                setattr(owner, "ensure_initialized", original)
+                try:
+                    callback(caller)
+                except Exception as err:  # naming the cell must never break the user's first op
+                    warn(f"could not tell which line initialized TensorFlow: {err}")
+
+    setattr(ensure_initialized, WRAPPED, original)
+    setattr(owner, "ensure_initialized", ensure_initialized)
+    return True
 
 
 def runtime_state() -> RuntimeState:
@@ -252,8 +295,13 @@ class TensorFlowConfig:
 
     @property
     def tf(self) -> Any:
-        import tensorflow
-
+        """The `tensorflow` module; a missing TensorFlow is one `PolicyError` line saying how to install it."""
+        try:
+            import tensorflow
+        except ModuleNotFoundError as err:
+            if err.name != "tensorflow":
+                raise
+            raise PolicyError(NO_TENSORFLOW.format(python=sys.executable)) from None
         return tensorflow
 
     def state(self) -> RuntimeState:
@@ -352,6 +400,13 @@ class ApplyReport:
     locked: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    earlier: list[str] = field(default_factory=list)
+    """The `locked` items the previous report already named (an edit names only its own)."""
+    absent: list[str] = field(default_factory=list)
+    """Notes on the part of the policy that has no device to apply to (`NO_GPU_NOTE`, missing GPUs),
+    every time, while `notes` holds only what was not said before."""
+    gpu_edits: list[str] = field(default_factory=list)
+    """The GPU settings an edit asked for anew (status phrases), named where `absent` applies."""
 
     @property
     def ok(self) -> bool:
@@ -392,7 +447,8 @@ def env_changes(plan: Plan) -> list[Change]:
 
 
 def pending_changes(plan: Plan, api: ConfigAPI) -> tuple[list[Change], list[str]]:
-    """Every `tf.config` call the plan needs that TensorFlow has not recorded yet, and notes."""
+    """Every `tf.config` call the plan needs that TensorFlow has not recorded yet, and notes on what
+    part of the plan has no device to apply to (`ApplyReport.absent`)."""
     gpus, cpus = api.devices("GPU"), api.devices("CPU")
     state = api.state()
     gpu_changes = [
@@ -409,11 +465,11 @@ def pending_changes(plan: Plan, api: ConfigAPI) -> tuple[list[Change], list[str]
     changes = [*env_changes(plan), *gpu_changes, *_logical_changes(plan, api, [], cpus)]
     notes = []
     missing = sorted(i for i, _ in plan.gpu_configs if i is not None and i >= len(gpus))
-    if missing:
-        notes.append(f"TensorFlow sees {len(gpus)} GPU(s); no GPU:{', GPU:'.join(map(str, missing))} to configure")
     wants_gpu = plan.growth is not None or plan.gpu_configs or plan.visible_gpus
     if not gpus and (wants_gpu or plan.env_map.get(TF_FORCE_GPU_ALLOW_GROWTH) == "true"):
-        notes.append("TensorFlow sees no GPU: the GPU settings have nothing to apply to here")
+        notes.append(NO_GPU_NOTE)
+    elif missing:
+        notes.append(f"TensorFlow sees {len(gpus)} GPU(s); no GPU:{', GPU:'.join(map(str, missing))} to configure")
     return changes, notes
 
 
@@ -486,6 +542,7 @@ def apply_plan(plan: Plan, api: ConfigAPI | None = None) -> ApplyReport:
     tf_errors = api.errors()
     try:
         changes, report.notes = pending_changes(plan, api)
+        report.absent = list(report.notes)
     except tf_errors as err:  # C++ side, e.g. CUDA failing to start while listing devices
         report.locked = locked_env_lines(plan)
         report.failed.append(f"listing TensorFlow's devices: TensorFlow said: {_first_line(err)}")
@@ -577,10 +634,10 @@ def recorded_settings(api: ConfigAPI | None = None) -> list[str]:
     for cpu in api.devices("CPU")[:1]:
         logical = api.get_logical(cpu)
         lines.append(f"{api.name(cpu)}: {'one logical device' if logical is None else show(logical)}")
-        if api.name(cpu) not in shown:
-            lines.append(f"{api.name(cpu)}: hidden by set_visible_devices (not by this tool): the first op will fail "
-                         "with \"No CPU devices are available in this process\"; list the CPU as visible again "
-                         "before it")
+        if api.name(cpu) not in shown:  # two lines, each within the status's width
+            name = api.name(cpu)
+            lines.append(f"{name}: hidden by set_visible_devices (not by this tool); the first op will fail with")
+            lines.append(f"{name}: \"No CPU devices are available in this process\" unless it is made visible again")
     return lines
 
 

@@ -16,11 +16,18 @@ if TYPE_CHECKING:
     from ..controller import Controller
 
 
+SAID_RECORDED = "_tfgpu_said_recorded"
+"""Attribute on the shell: a weak reference to the cell whose output already said `RECORDED`."""
+
+CONTROL_FORMATS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+"""Bidirectional controls: like an ANSI escape, they make a name show other than it reads."""
+
+
 def run_cell(controller: Controller, shell: Any, line: str, cell: str) -> None:
     """`%%tfgpu`: every line an edit, all or nothing."""
     if line.strip():
         raise PolicyError("%%tfgpu takes its directives in the cell body, not on the first line")
-    show(actions.edit_report(controller.edit(parse_cell(cell, controller.catalog)), shell))
+    show(once_per_cell(shell, actions.edit_report(controller.edit(parse_cell(cell, controller.catalog)), shell)))
 
 
 def run_line(controller: Controller, shell: Any, line: str) -> None:
@@ -33,7 +40,26 @@ def run_line(controller: Controller, shell: Any, line: str) -> None:
         show(actions.run(directive.name, controller, shell, directive.arg, **keywords))
     else:
         action = "reset" if directive.name == "reset" else "edit"
-        show(actions.edit_report(controller.edit([directive]), shell, action))
+        show(once_per_cell(shell, actions.edit_report(controller.edit([directive]), shell, action)))
+
+
+def once_per_cell(shell: Any, text: str) -> str:
+    """`text` without the `RECORDED` line when an earlier directive of the same cell said it (a cell of
+    three `%tfgpu` lines says it once). The running cell is IPython's `displayhook.exec_result`;
+    outside a cell (`run_line_magic` from code) every message stays whole."""
+    import weakref
+
+    from .status import RECORDED
+
+    lines = text.split("\n")
+    cell = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    if RECORDED not in lines or cell is None:
+        return text
+    said = getattr(shell, SAID_RECORDED, None)
+    if said is not None and said() is cell:
+        return "\n".join(line for line in lines if line != RECORDED)
+    setattr(shell, SAID_RECORDED, weakref.ref(cell))
+    return text
 
 
 def split_options(line: str) -> tuple[list[str], dict[str, Any]]:
@@ -52,16 +78,31 @@ def split_options(line: str) -> tuple[list[str], dict[str, Any]]:
         if name not in directives.OPTIONS:
             known = f"; the options are {', '.join(directives.OPTIONS)} (see %tfgpu?)"
             raise PolicyError(f"unknown option {quote(name)}{suggest(name, tuple(directives.OPTIONS)) or known}")
+        if name in options:
+            raise PolicyError(f"{name} is given twice; give it once")
         if directives.OPTIONS[name][1].value is not None:
             value = value if has_value else next(remaining, "")
             if not value or value.startswith("--"):
                 raise PolicyError(f"{name} needs a value, e.g. {name} \"TensorFlow GPU 0\"")
+            check_printable(name, value)
             options[name] = value
         elif has_value:
             raise PolicyError(f"{name} takes no value")
         else:
             options[name] = True
     return words, options
+
+
+def check_printable(name: str, value: str) -> None:
+    """`PolicyError` for an option value with control characters (an ANSI escape sequence, a newline,
+    a bidirectional override): it would show in a launcher or a terminal other than it reads."""
+    import unicodedata
+
+    bad = next((char for char in value if unicodedata.category(char) in ("Cc", "Zl", "Zp") or char in CONTROL_FORMATS),
+               None)
+    if bad is not None:
+        raise PolicyError(f"{name}: control characters such as {bad!r} (ANSI escapes, line breaks, direction "
+                          f"overrides) are not allowed: {quote(value)}")
 
 
 def check_options(options: dict[str, Any], directive: Action | Edit) -> None:

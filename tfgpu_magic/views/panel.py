@@ -25,21 +25,29 @@ from ..language.grammar import Edit, default_edit
 from ..language.policy import LOGLEVELS
 from ..language.words import ALLOCATORS
 from ..tf.memory import mib_text
-from .results import badge, state_label_html
+from .confirm import whole_layout
+from .results import badge, state_label_html, text_html
 from .status import describe_report
 
 REFRESH_SECONDS = 2.0
 LOCKED_REASON = "TensorFlow is initialized: edits below are recorded and apply with Restart kernel and apply"
 BAR_CSS = (
-    "display:inline-flex;width:90px;height:10px;border-radius:3px;vertical-align:middle;"
+    "display:inline-flex;width:60px;height:10px;border-radius:3px;vertical-align:middle;"
     "background:var(--jp-layout-color3, #ddd);overflow:hidden"
 )
 YOU_COLOR = "var(--jp-accent-color1, #388e3c)"
 OTHERS_COLOR = "var(--jp-brand-color1, #1976d2)"
 CELL_CSS = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;font-variant-numeric:tabular-nums"
-COLUMNS = (("GPU", "52px"), ("card", "175px"), ("memory", "192px"), ("busy", "70px"),
-           ("processes", "220px"), ("visible", "52px"), ("limit", "96px"), ("split", "104px"))
-"""The GPU table's columns (one grid, so every card's row lines up like nvitop's table)."""
+TEXT_TRACK = "minmax(0, max-content)"
+INPUT_WIDTH = "68px"
+COLUMNS = (("visible", "max-content"), ("card", TEXT_TRACK), ("memory", TEXT_TRACK), ("busy", "max-content"),
+           ("processes", TEXT_TRACK), ("limit", INPUT_WIDTH), ("split", INPUT_WIDTH))
+"""The GPU table's columns (one grid, so every card's row lines up like nvitop's table). Text columns
+take their content's width while there is room and share what there is when there is not (the cell
+then ends in "…", its tooltip whole), so the table fits JupyterLab at 1280 px with the file browser
+open (about 830 px for an output) and never scrolls sideways."""
+WRAP = "row wrap"
+"""Rows of controls wrap onto a second line in a narrow notebook instead of squeezing their labels."""
 
 
 def _cell(text: str, title: str = "") -> str:
@@ -75,10 +83,10 @@ def memory_bar(row: GpuRow, gpu: Gpu | None = None) -> str:
 
 
 def busy_text(gpu: Gpu | None) -> str:
-    """NVML's utilization as `35% busy`; a dash when NVML does not say."""
+    """NVML's utilization as `35%` under the "busy" header; a dash when NVML does not say."""
     if gpu is None or gpu.utilization_pct is None:
         return _cell("<span style='opacity:.6'>–</span>", "utilization unknown")
-    return _cell(f"{gpu.utilization_pct}% busy")
+    return _cell(f"{gpu.utilization_pct}%", f"{gpu.utilization_pct}% busy (NVML's utilization)")
 
 
 def processes_text(gpu: Gpu | None) -> str:
@@ -145,16 +153,19 @@ class Panel:
 
         self.header = w.HTML()
         self.error = w.HTML()
+        labelled = {"style": {"description_width": "initial"}, "layout": w.Layout(width="auto")}
         self.growth = w.Dropdown(options=[("TF default", "default"), ("on", "on"), ("off", "off")],
-                                 description="Growth", style={"description_width": "90px"})
+                                 description="Growth", **labelled)
         self.allocator = w.Dropdown(options=[("TF default", "default"), *((name, name) for name in ALLOCATORS)],
-                                    description="Allocator", style={"description_width": "90px"})
+                                    description="Allocator", **labelled)
         self.loglevel = w.Dropdown(options=[("TF default", LOGLEVEL_OFF), *((level, level) for level in LOGLEVELS)],
-                                   description="Log level",
-                                   style={"description_width": "90px"})
+                                   description="Log level", **labelled)
         self.cpus = w.Text(placeholder="TF default", description="CPU devices", continuous_update=False,
-                           style={"description_width": "90px"}, layout=w.Layout(width="190px"))
-        self.visible = {row.ref: w.Checkbox(indent=False, layout=w.Layout(width="auto"))
+                           style={"description_width": "initial"}, layout=w.Layout(width="180px"))
+        self.visible = {row.ref: w.Checkbox(description=f"<b>GPU {html.escape(row.ref)}</b>",
+                                            description_allow_html=True, indent=False,
+                                            tooltip="visible to TensorFlow (%tfgpu visible)",
+                                            layout=w.Layout(width="auto"))
                         for row in self.rows}
         self.limits = {row.ref: w.Text(placeholder="no limit", layout=w.Layout(width="auto"),
                                        continuous_update=False) for row in self.rows}
@@ -164,18 +175,18 @@ class Panel:
         self.busy = {row.ref: w.HTML() for row in self.rows}
         self.holders = {row.ref: w.HTML() for row in self.rows}
         self._shown_in: int | None = None
-        self.apply_button = w.Button(description="Apply", icon="check", layout=w.Layout(width="auto"))
+        self.apply_button = w.Button(description="Apply", icon="check", layout=whole_layout())
         self.restarts = restarts
         self.restart_button = w.Button(
             description="Restart kernel and apply" if restarts else "Keep for the next restart",
             tooltip=None if restarts else f"Nothing here can restart this kernel: {TO_DO_FRONTEND}",
-            icon="refresh", button_style="warning", layout=w.Layout(width="auto"))
+            icon="refresh", button_style="warning", layout=whole_layout())
         self.confirm_button = w.Button(description="Yes, restart (variables are lost)", button_style="danger",
-                                       layout=w.Layout(display="none", width="auto"))
-        self.cancel_button = w.Button(description="Cancel", layout=w.Layout(display="none", width="auto"))
-        self.export_button = w.Button(description="Export", icon="code", layout=w.Layout(width="auto"))
-        self.reset_button = w.Button(description="Reset", icon="undo", layout=w.Layout(width="auto"))
-        self.live = w.Checkbox(description="live memory", indent=False, value=False)
+                                       layout=whole_layout(display="none"))
+        self.cancel_button = w.Button(description="Cancel", layout=whole_layout(display="none"))
+        self.export_button = w.Button(description="Export", icon="code", layout=whole_layout())
+        self.reset_button = w.Button(description="Reset", icon="undo", layout=whole_layout())
+        self.live = w.Checkbox(description="live memory", indent=False, value=False, layout=whole_layout())
         self.output = w.Output()
         self.who = who
         self.who_text = w.HTML()
@@ -184,9 +195,11 @@ class Panel:
         self.who_section.set_title(0, "Who holds the GPUs")
         self.who_section.layout.display = "" if who is not None else "none"
         self.table = self._gpu_box()
-        self.widget = w.VBox([self.header, self.table, w.HBox([self.growth, self.allocator, self.loglevel, self.cpus]),
-                              w.HBox([self.apply_button, self.restart_button, self.confirm_button,
-                                      self.cancel_button, self.export_button, self.reset_button, self.live]),
+        controls = w.HBox([self.growth, self.allocator, self.loglevel, self.cpus],
+                          layout=w.Layout(flex_flow=WRAP, grid_gap="0 12px"))  # grid-gap is `gap`, flex's too
+        buttons = w.HBox([self.apply_button, self.restart_button, self.confirm_button, self.cancel_button,
+                          self.export_button, self.reset_button, self.live], layout=w.Layout(flex_flow=WRAP))
+        self.widget = w.VBox([self.header, self.table, controls, buttons,
                               self.figures, self.who_section, self.error, self.output],
                              layout=w.Layout(border="1px solid var(--jp-border-color2, #ccc)", padding="6px"))
         self._wire()
@@ -198,18 +211,20 @@ class Panel:
     def _gpu_box(self) -> Any:
         w = self.w
         if not self.rows:
-            return w.HTML(f"<i>{html.escape(self.no_gpu_reason)}</i>")
+            return w.HTML(f"<i>{text_html(self.no_gpu_reason)}</i>")
         gpus = {gpu.ref: gpu for gpu in self.controller.inventory().gpus}
         cells = [w.HTML(_cell(f"<span style='opacity:.7'>{title}</span>")) for title, _ in COLUMNS]
         for row in self.rows:
-            cells += [w.HTML(_cell(f"<b>GPU {row.ref}</b>")), w.HTML(card_text(row, gpus.get(row.ref))),
-                      self.bars[row.ref], self.busy[row.ref], self.holders[row.ref], self.visible[row.ref],
-                      self.limits[row.ref], self.splits[row.ref]]
+            cells += [self.visible[row.ref], w.HTML(card_text(row, gpus.get(row.ref))), self.bars[row.ref],
+                      self.busy[row.ref], self.holders[row.ref], self.limits[row.ref], self.splits[row.ref]]
         for cell in cells:
             cell.layout.margin = "0"
+            if isinstance(cell, w.HTML):  # a one-track grid lets the text inside shrink below its width: "…"
+                cell.layout.display = "grid"
+                cell.layout.grid_template_columns = "minmax(0, 1fr)"
         return w.GridBox(cells, layout=w.Layout(
             grid_template_columns=" ".join(width for _, width in COLUMNS), grid_gap="2px 8px",
-            align_items="center", margin="4px 0", overflow="auto"))
+            align_items="center", margin="4px 0"))
 
     def _wire(self) -> None:
         self.who_section.observe(lambda c: self.refresh_who(), "selected_index")
@@ -256,7 +271,7 @@ class Panel:
             edit = directive if isinstance(directive, Edit) else self.controller.parse(directive)
             report = self.controller.edit([edit])
         except PolicyError as err:
-            self.error.value = f"<span style='color:var(--jp-error-color1, #d32f2f)'>{html.escape(str(err))}</span>"
+            self.error.value = f"<span style='color:var(--jp-error-color1, #d32f2f)'>{text_html(str(err))}</span>"
             self.sync()
             return
         self.error.value = ""
@@ -307,8 +322,8 @@ class Panel:
             reason = LOCKED_REASON if state.initialized else "GPU memory settings wait for Restart kernel and apply"
             lines.append(f"{badge('locked')} {reason}")
         for title, items in self.controller.pending(state):
-            entries = "".join(f"<li>{html.escape(item)}</li>" for item in items)
-            lines.append(f"{html.escape(title)}:<ul style='margin:2px 0'>{entries}</ul>")
+            entries = "".join(f"<li>{text_html(item)}</li>" for item in items)
+            lines.append(f"{text_html(title)}:<ul style='margin:2px 0'>{entries}</ul>")
         return "<br>".join(lines)
 
     def refresh_who(self) -> None:

@@ -10,14 +10,17 @@ built from snapshots.
 from __future__ import annotations
 
 import html
+import re
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..gpus.inventory import Inventory
 from ..tf import initcell
-from .status import StatusSnapshot, no_gpus_text, status_text
+from ..language.policy import short_uuid
+from .status import StatusSnapshot, no_gpus_text, shown_variable, status_text
 
 if TYPE_CHECKING:
     from ..gpus.doctor import Check
+    from ..selftest.report import Row
     from ..tf.runtime import RuntimeState
 
 OK_COLOR = "var(--jp-success-color1, #388e3c)"
@@ -32,6 +35,12 @@ TABLE = "border-collapse:collapse;font-size:var(--jp-code-font-size, 13px);margi
 CELL = "text-align:left;vertical-align:top;padding:1px 8px 1px 0"
 VERDICT_COLORS = {"ok": OK_COLOR, "warn": WARN_COLOR, "FAIL": ERROR_COLOR}
 """The doctor's verdicts (`gpus.doctor.OK` ...) in colour; `info` stays in the text colour."""
+SELFTEST_COLORS = {"pass": OK_COLOR, "fail": ERROR_COLOR}
+"""The selftest's verdicts in colour; `skip` stays in the text colour."""
+TOOLTIP_CHARS = 4096
+"""Longest text put in a tooltip (an environment variable can hold far more)."""
+CODE_SPAN = re.compile(r"`([^`]+)`")
+"""Our messages mark code as `...` (what a terminal shows); in HTML it becomes <code>."""
 
 
 class Result:
@@ -84,6 +93,17 @@ def _text_only(shell: Any) -> bool:
     return type(getattr(shell, "display_pub", None)) is DisplayPublisher
 
 
+def text_html(text: str) -> str:
+    """A message as HTML: escaped, its `code` spans as <code> (an unpaired backtick stays as it is)."""
+    return CODE_SPAN.sub(r"<code>\1</code>", html.escape(text))
+
+
+def code(shown: str, full: str) -> str:
+    """`shown` as <code>; the `full` text (a whole UUID) as its tooltip where it differs and is not huge."""
+    tip = f" title='{html.escape(full, quote=True)}'" if full != shown and len(full) <= TOOLTIP_CHARS else ""
+    return f"<code{tip}>{html.escape(shown)}</code>"
+
+
 def badge(text: str) -> str:
     """The small outlined label the status and the panel put next to locked settings."""
     return f"<span style='{LOCK_BADGE}'>{html.escape(text)}</span>"
@@ -92,7 +112,7 @@ def badge(text: str) -> str:
 def state_label_html(state: RuntimeState) -> str:
     """TensorFlow's state in colour: orange once GPU memory settings are fixed."""
     color = WARN_COLOR if state.gpu_memory_fixed else OK_COLOR
-    return f"<span style='color:{color}'>{html.escape(initcell.label(state.label))}</span>"
+    return f"<span style='color:{color}'>{text_html(initcell.label(state.label))}</span>"
 
 
 def state_html(snap: StatusSnapshot) -> str:
@@ -102,20 +122,20 @@ def state_html(snap: StatusSnapshot) -> str:
 
 def _rows(rows: list[tuple[str, str]]) -> str:
     """A two-column table; values are HTML already."""
-    body = "".join(f"<tr><th style='{CELL}'>{html.escape(label)}</th><td style='{CELL}'>{value}</td></tr>"
+    body = "".join(f"<tr><th style='{CELL}'>{text_html(label)}</th><td style='{CELL}'>{value}</td></tr>"
                    for label, value in rows)
     return f"<table style='{TABLE}'>{body}</table>"
 
 
 def _list(items: tuple[str, ...] | list[str]) -> str:
-    return "<ul style='margin:0;padding-left:1.2em'>" + "".join(f"<li>{html.escape(i)}</li>" for i in items) + "</ul>"
+    return "<ul style='margin:0;padding-left:1.2em'>" + "".join(f"<li>{text_html(i)}</li>" for i in items) + "</ul>"
 
 
 def gpus_html(inventory: Inventory) -> str:
     """The GPU list as a table (nvidia-smi numbering), or why there is none."""
     why = no_gpus_text(inventory)
     if why is not None:
-        return html.escape(why)
+        return text_html(why)
     head = "".join(f"<th style='{CELL}'>{title}</th>" for title in ("GPU", "name", "memory used", "busy", "UUID"))
     lines = [f"<tr>{head}</tr>"]
     for gpu in inventory.gpus:
@@ -128,7 +148,7 @@ def gpus_html(inventory: Inventory) -> str:
                         f"{' (this kernel)' if p.is_self else ''}</span>" for p in gpu.processes)
         busy = "" if gpu.utilization_pct is None else f"{gpu.utilization_pct}%"
         cells = [html.escape(str(gpu.index)), html.escape(gpu.name or "GPU") + procs, f"{used} / {total} MiB", busy,
-                 f"<code>{html.escape(str(gpu.uuid))}</code>"]
+                 code(short_uuid(str(gpu.uuid)), str(gpu.uuid))]
         lines.append("<tr>" + "".join(f"<td style='{CELL}'>{cell}</td>" for cell in cells) + "</tr>")
     caption = f"<span style='{MUTED}'>NVML, driver {html.escape(str(inventory.driver_version))}</span>"
     return caption + f"<table style='{TABLE}'>{''.join(lines)}</table>"
@@ -147,19 +167,19 @@ class StatusResult(Result):
 
     def html(self) -> str:
         snap = self.snapshot
-        env = ", ".join(f"<code>{html.escape(f'{name}={value}')}</code>" for name, value in snap.environment)
+        env = ", ".join(code(shown_variable(name, value), f"{name}={value}") for name, value in snap.environment)
         rows = [
             ("TensorFlow", state_html(snap)),
-            ("Policy", html.escape("; ".join(snap.policy)) if snap.policy else "none (TensorFlow defaults)"),
+            ("Policy", text_html("; ".join(snap.policy)) if snap.policy else "none (TensorFlow defaults)"),
             ("Variables", env or "none set"),
         ]
-        rows += [("", html.escape(line)) for line in snap.cuda_visible]
+        rows += [("", text_html(line)) for line in snap.cuda_visible]
         rows.append(("GPUs", gpus_html(snap.inventory)))
         if snap.recorded is not None:
             rows.append(("Recorded", _list(snap.recorded) if snap.recorded else "nothing yet (devices not listed)"))
         for title, items in snap.pending:
             rows.append((title, f"<span style='color:{WARN_COLOR}'>{_list(items)}</span>"))
-        rows += [("Note", html.escape(note)) for note in snap.notes]
+        rows += [("Note", text_html(note)) for note in snap.notes]
         return f"<div class='tfgpu-status'><b>tfgpu</b>{_rows(rows)}</div>"
 
 
@@ -182,14 +202,47 @@ class DoctorResult(Result):
         lines = []
         for check in self.checks:
             color = VERDICT_COLORS.get(check.verdict, "inherit")
-            fix = f"<br><span style='{MUTED}'>fix: {html.escape(check.fix)}</span>" if check.fix else ""
+            fix = f"<br><span style='{MUTED}'>fix: {text_html(check.fix)}</span>" if check.fix else ""
             lines.append(f"<tr><td style='{CELL};color:{color};font-weight:bold'>{html.escape(check.verdict)}</td>"
                          f"<th style='{CELL}'>{html.escape(check.name)}</th>"
-                         f"<td style='{CELL}'>{html.escape(check.detail)}{fix}</td></tr>")
+                         f"<td style='{CELL}'>{text_html(check.detail)}{fix}</td></tr>")
         failed = any(check.verdict == FAIL for check in self.checks)
         verdict = f"<p style='color:{ERROR_COLOR if failed else OK_COLOR};margin:4px 0'>"
         return (f"<div class='tfgpu-doctor'><table style='{TABLE}'>{''.join(lines)}</table>"
-                f"{verdict}{html.escape(summary(list(self.checks)))}</p></div>")
+                f"{verdict}{text_html(summary(list(self.checks)))}</p></div>")
+
+
+class SelftestResult(Result):
+    """`%tfgpu selftest`: a table, one row per rule (verdict, rule and claim, policy, expected, measured,
+    why, seconds), under which Python and TensorFlow it ran and above the counts."""
+
+    __slots__ = ("rows", "seconds")
+
+    def __init__(self, rows: tuple[Row, ...], seconds: float) -> None:
+        self.rows = rows
+        self.seconds = seconds
+
+    def text(self) -> str:
+        from ..selftest.report import text
+
+        return text(list(self.rows), self.seconds)
+
+    def html(self) -> str:
+        from ..selftest.report import header, summary
+
+        titles = ("", "rule", "policy", "expected", "measured", "why", "s")
+        lines = ["<tr>" + "".join(f"<th style='{CELL}'>{title}</th>" for title in titles) + "</tr>"]
+        for row in self.rows:
+            color = SELFTEST_COLORS.get(row.verdict, "inherit")
+            cells = [f"{html.escape(row.rule)}<br><span style='{MUTED}'>{html.escape(row.claim)}</span>",
+                     html.escape("; ".join(row.policy)), html.escape(row.expected), html.escape(row.measured),
+                     html.escape(row.why), "" if row.verdict == "skip" else f"{row.seconds:.1f}"]
+            lines.append(f"<tr><td style='{CELL};color:{color};font-weight:bold'>{html.escape(row.verdict)}</td>"
+                         + "".join(f"<td style='{CELL}'>{cell}</td>" for cell in cells) + "</tr>")
+        rows = list(self.rows)
+        return (f"<div class='tfgpu-selftest'><b>{html.escape(header(rows))}</b>"
+                f"<table style='{TABLE}'>{''.join(lines)}</table>"
+                f"<p style='margin:4px 0'>{html.escape(summary(rows, self.seconds))}</p></div>")
 
 
 class RestartOffer(Result):
@@ -206,7 +259,7 @@ class RestartOffer(Result):
         return self.message
 
     def html(self) -> str:
-        return f"<pre>{html.escape(self.message)}</pre>"
+        return f"<pre>{text_html(self.message)}</pre>"
 
     def _ipython_display_(self) -> None:
         from .confirm import show_restart_button

@@ -11,11 +11,11 @@ from typing import Any, NamedTuple, Protocol
 from ..gpus.cudaenv import parse_cuda_visible
 from ..gpus.inventory import Inventory
 from ..language.directives import describe_policy
-from ..language.policy import Policy, quote
+from ..language.policy import Policy, is_index, quote, short_uuid
 from ..tf.envvars import CUDA_VISIBLE_DEVICES, NAMES
 from ..tf.plan import Plan
 from ..tf import initcell
-from ..tf.runtime import ApplyReport, RuntimeState
+from ..tf.runtime import NO_GPU, NO_GPU_NOTE, ApplyReport, RuntimeState
 
 RESTART_HINT = "Run `%tfgpu restart` to restart the kernel with the policy in force."
 TERMINAL_RESTART_HINT = (
@@ -27,6 +27,8 @@ RECORDED = "Recorded; the rest applies when TensorFlow is imported."
 NOT_IMPORTED = "Nothing to apply yet: TensorFlow is not imported; the policy applies at `import tensorflow`."
 LABEL_WIDTH = len("TensorFlow: ")
 """The status is label / value lines, values aligned."""
+WIDTH = 100
+"""Longest status line: one screen width, even with four GPUs named by UUID."""
 
 
 def restart_hint(shell: Any) -> str:
@@ -36,39 +38,59 @@ def restart_hint(shell: Any) -> str:
 
 def describe_report(report: ApplyReport, restart_hint: str = RESTART_HINT, action: str = "edit") -> str:
     """What an edit, `apply` or `reset` (`action`) did, in a few lines; names what is locked and
-    how to get past it."""
+    how to get past it. An edit names what it changed: settings an earlier report named as waiting
+    for a restart are one line, and a GPU setting TensorFlow has no GPU for says so."""
     lines = []
     applied = list(report.applied)
+    locked = [item for item in report.locked if action != "edit" or item not in report.earlier]
+    earlier = len(report.locked) - len(locked)
     if action == "reset":
         restored = [item for item in applied if _is_variable(item)]
         applied = [item for item in applied if item not in restored]
-        lines.append("Policy cleared: TensorFlow's defaults from now on.")
-        lines.append(
-            "Restored what this tool had set: " + ", ".join(restored) if restored else "No variable needed restoring."
-        )
-    if report.locked:
+        lines.append("Policy cleared." if report.locked else "Policy cleared: TensorFlow's defaults from now on.")
+        if restored:
+            lines.append("Restored what this tool had set: " + ", ".join(restored))
+        elif not any(_is_variable(item.partition(":")[0]) for item in report.locked):  # `NAME: old → new (...)`
+            lines.append("No variable needed restoring.")
+    if locked:
         lines.append(
             f"TensorFlow's runtime is already initialized in this process{initialized_by()}, so these settings "
             "cannot change now:"
             if report.state.initialized
             else "TensorFlow cannot change these settings in this process any more:"
         )
-        lines += [f"  - {item}" for item in report.locked]
-        lines.append("The policy is recorded. " + restart_hint)
+        lines += [f"  - {item}" for item in locked]
+        lines.append(restart_hint if action == "reset" else "The policy is recorded. " + restart_hint)
+    if earlier:
+        lines.append(f"{earlier} earlier change{'s' if earlier > 1 else ''} still wait{'' if earlier > 1 else 's'} "
+                     "for a restart (`%tfgpu` lists them).")
     if report.failed:
         lines.append("TensorFlow refused part of the policy:")
         lines += [f"  - {item}" for item in report.failed]
     if applied:
-        lines.append("Applied: " + "; ".join(applied))
+        lines.append("Applied: " + "; ".join(map(_shown_applied, applied)))
+    absent = nothing_to_apply(report) if action == "edit" else list(report.absent) if action == "apply" else []
+    lines += absent
     if report.failed and not applied:
         lines.append("Nothing else was applied.")
-    elif not (report.failed or report.locked) and action != "reset":
+    elif not (report.failed or report.locked or absent) and action != "reset":
         if report.waiting:
             lines.append(NOT_IMPORTED if action == "apply" and not applied else RECORDED)
         elif not applied:
             lines.append("Already in force.")
-    lines += [f"Note: {note}" for note in report.notes]
+    lines += [f"Note: {note}" for note in report.notes if not (absent and note in report.absent)]
     return "\n".join(lines)
+
+
+def nothing_to_apply(report: ApplyReport) -> list[str]:
+    """Where an edit asked for GPU settings and TensorFlow lacks the GPUs: what that means for them
+    (instead of calling them in force; `apply` gives the notes on all of them)."""
+    if not (report.gpu_edits and report.absent):
+        return []
+    if report.absent == [NO_GPU_NOTE]:
+        asked = " and ".join(f"`{phrase}`" for phrase in report.gpu_edits)
+        return [f"{NO_GPU}: {asked} {'has' if len(report.gpu_edits) == 1 else 'have'} nothing to apply to here."]
+    return list(report.absent)
 
 
 def initialized_by() -> str:
@@ -82,9 +104,48 @@ def _is_variable(item: str) -> bool:
     return item.removeprefix("unset ").partition("=")[0] in NAMES
 
 
-def row(label: str, value: str) -> str:
-    """One status line, `label` and `value` in aligned columns."""
-    return f"{label + ':':<{LABEL_WIDTH}}{value}"
+def _shown_applied(item: str) -> str:
+    """An applied item as the message shows it: a variable's GPU UUIDs cut short (`shown_variable`)."""
+    name, is_set, value = item.partition("=")
+    return shown_variable(name, value) if is_set and _is_variable(item) else item
+
+
+def row(label: str, value: str | list[str], separator: str = "; ") -> str:
+    """One status row, `label` and `value` in aligned columns. A value given as parts that do not fit
+    one line puts each part on a line of its own in that column."""
+    parts = [value] if isinstance(value, str) else value
+    head = f"{label + ':':<{LABEL_WIDTH}}"
+    if len(head) + len(separator.join(parts)) <= WIDTH:
+        return head + separator.join(parts)
+    return "\n".join(fit((head if at == 0 else " " * LABEL_WIDTH) + part, LABEL_WIDTH + 2)
+                     for at, part in enumerate(parts))
+
+
+def fit(line: str, indent: int = 4) -> str:
+    """`line` broken at spaces into lines of at most `WIDTH`, the rest indented by `indent` (a status
+    stays within one screen width; a UUID or path is never cut)."""
+    if len(line) <= WIDTH:
+        return line
+    import textwrap
+
+    return "\n".join(textwrap.wrap(line, WIDTH, subsequent_indent=" " * indent, break_long_words=False,
+                                   break_on_hyphens=False))
+
+
+def gpu_names_of(inventory: Inventory) -> dict[str, str]:
+    """GPU UUID → nvidia-smi index, for `describe_policy` (empty without NVML)."""
+    return {gpu.uuid: gpu.ref for gpu in inventory.gpus}
+
+
+def shown_variable(name: str, value: str) -> str:
+    """`NAME=value` as the status shows it: GPU UUIDs cut short, a huge value by excerpt."""
+    value = short_value(name, value)
+    return f"{name}={value}" if len(value) <= WIDTH // 2 else f"{name}={quote(value, WIDTH // 2)}"
+
+
+def short_value(name: str, value: str) -> str:
+    """`value` of variable `name` with its GPU UUIDs cut short (`CUDA_VISIBLE_DEVICES`)."""
+    return ",".join(map(short_uuid, value.split(","))) if name == CUDA_VISIBLE_DEVICES else value
 
 
 class StatusSource(Protocol):
@@ -132,7 +193,7 @@ def snapshot(source: StatusSource) -> StatusSnapshot:
     recorded = source.recorded(state)
     return StatusSnapshot(
         state=state,
-        policy=tuple(describe_policy(source.policy)),
+        policy=tuple(describe_policy(source.policy, gpu_names_of(inventory))),
         environment=tuple(environment.items()),
         cuda_visible=tuple(describe_cuda_visible(environment.get(CUDA_VISIBLE_DEVICES), inventory)),
         inventory=inventory,
@@ -145,18 +206,18 @@ def snapshot(source: StatusSource) -> StatusSnapshot:
 def status_text(snap: StatusSnapshot) -> str:
     """The full `%tfgpu` status as text: TensorFlow state, desired policy, environment, what TF recorded."""
     lines = [row("TensorFlow", initcell.label(snap.state.label))]
-    lines.append(row("Policy", "; ".join(snap.policy) if snap.policy else "none (TensorFlow defaults)"))
-    env = [f"{name}={value}" for name, value in snap.environment]
-    lines.append(row("Variables", ", ".join(env) if env else "none set"))
-    lines += snap.cuda_visible
+    lines.append(row("Policy", list(snap.policy) or "none (TensorFlow defaults)"))
+    env = [shown_variable(name, value) for name, value in snap.environment]
+    lines.append(row("Variables", env or "none set", ", "))
+    lines += [fit(line) for line in snap.cuda_visible]
     lines += describe_gpus(snap.inventory)
     if snap.recorded is not None:
         lines.append("TensorFlow recorded:" + ("" if snap.recorded else " nothing yet (devices not listed)"))
-        lines += [f"  {line}" for line in snap.recorded]
+        lines += [fit(f"  {line}") for line in snap.recorded]
     for title, items in snap.pending:
         lines.append(f"{title}:")
-        lines += [f"  - {item}" for item in items]
-    lines += [f"Note: {note}" for note in snap.notes]
+        lines += [fit(f"  - {item}") for item in items]
+    lines += [fit(f"Note: {note}", len("Note: ")) for note in snap.notes]
     return "\n".join(lines)
 
 
@@ -170,15 +231,25 @@ def describe_cuda_visible(raw: str | None, inventory: Inventory) -> list[str]:
     if raw is None:
         return []
     parsed = parse_cuda_visible(raw, inventory.known_refs())
-    stopped = quote(parsed.stopped_at) if parsed.stopped_at else ""
+    stopped = quote(short_uuid(parsed.stopped_at)) if parsed.stopped_at else ""
+    value = quote(short_value(CUDA_VISIBLE_DEVICES, raw), WIDTH // 2)
     if parsed.hides_all:
         where = f" (CUDA stops at {stopped})" if stopped else ""
-        return [f"CUDA_VISIBLE_DEVICES={quote(raw)} hides every GPU{where}"]
+        return [f"CUDA_VISIBLE_DEVICES={value} hides every GPU{where}"]
     stop = f"; CUDA stops at {stopped} and ignores the rest" if stopped else ""
-    shown = ", ".join(parsed.entries[:16])
+    shown = ", ".join(_index_of(entry, inventory) for entry in parsed.entries[:16])
     if len(parsed.entries) > 16:  # never a huge line, whatever the environment holds
         shown += f", … ({len(parsed.entries):,} in all)"
-    return [f"CUDA_VISIBLE_DEVICES={quote(raw)} → CUDA uses GPU {shown}{stop}"]
+    return [f"CUDA_VISIBLE_DEVICES={value} → CUDA uses GPU {shown}{stop}"]
+
+
+def _index_of(entry: str, inventory: Inventory) -> str:
+    """A `CUDA_VISIBLE_DEVICES` entry by its nvidia-smi index where the inventory knows its UUID (or
+    unique prefix), else the entry, cut short."""
+    if is_index(entry):
+        return entry
+    found = [gpu.ref for gpu in inventory.gpus if gpu.uuid.lower().startswith(entry.lower())]
+    return found[0] if len(found) == 1 else short_uuid(entry)
 
 
 def no_gpus_text(inventory: Inventory) -> str | None:
@@ -199,7 +270,7 @@ def describe_gpus(inventory: Inventory) -> list[str]:
         busy = "" if gpu.utilization_pct is None else f", {gpu.utilization_pct}% busy"
         lines.append(
             f"  {gpu.index}  {gpu.name}  {_mib(gpu.memory_used_mib)} / {_mib(gpu.memory_total_mib)} MiB used"
-            f"{busy}  {gpu.uuid}" + (f"  bus {gpu.pci_bus_id}" if gpu.pci_bus_id else "")
+            f"{busy}  {short_uuid(gpu.uuid)}" + (f"  bus {gpu.pci_bus_id}" if gpu.pci_bus_id else "")
         )
         for mig in gpu.mig_devices:
             lines.append(f"       MIG {mig.uuid}  {_mib(mig.memory_total_mib)} MiB")

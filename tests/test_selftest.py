@@ -1,0 +1,448 @@
+"""`python -m tfgpu_magic selftest`: the CPU rules proven here with real TensorFlow in fresh processes,
+the GPU rules skipped with their reason; a TensorFlow that ignores `set_logical_device_configuration`
+(a sitecustomize on PYTHONPATH, in every process) fails the split; NVML without TensorFlow still runs
+the NVML-only rules; and each GPU rule's judge, both ways, on figures the fakes produce.
+
+The GPU figures come from a fake process: the rule's own policy goes through a real `Controller` over
+tests/fake_tf.py (TensorFlow's rules decide what is in force at initialization), a card model here
+decides what the cards then show (below), tests/fake_nvml.py serves it through the inventory's
+chokepoint, and the package's own `selftest.measure.cards` and `tf.memory.memory` read it, as the
+real probes do in their child processes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+from fake_memory import FakeMemory
+from fake_nvml import UUIDS, FakeNvml, four_gpus
+from fake_tf import FakeTF, GpuInForce, InForce
+from kernels import QUIET_ENV, isolated_env, quiet_env, tensorflow_stays_out_of_pytest  # noqa: F401 (autouse)
+
+from tfgpu_magic.controller import Controller
+from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog, Nvml, read_inventory
+from tfgpu_magic.selftest import probes, report
+from tfgpu_magic.selftest.measure import cards
+from tfgpu_magic.selftest.run import run_outside
+from tfgpu_magic.selftest.rules import (FAIL, GPU, NVML, PASS, RULES, SKIP, TENSORFLOW, Machine, Prepared, Probe,
+                                        Rule, judge_quiet_import)
+from tfgpu_magic.tf import importhook
+from tfgpu_magic.tf.memory import memory
+from tfgpu_magic.tf.runtime import ASYNC_ALLOCATOR
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+TIMEOUT = 600
+MIB = 1024 * 1024
+BY_NAME = {rule.name: rule for rule in RULES}
+CPU_RULES = ("baseline", "split-cpu", "visible-none", "same-cell", "device-routes", "locked")
+NVML_RULES = ("nvml-inventory", "visible-auto", "limit-percent", "who")
+GPU_RULES = tuple(rule.name for rule in RULES if rule.lane == GPU)
+
+
+def selftest(tmp: Path, *args: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m tfgpu_magic selftest ARGS` with TensorFlow's own log defaults, Jupyter and IPython
+    directories under `tmp`, and `pythonpath` (a sitecustomize) when given."""
+    env = {name: value for name, value in quiet_env().items() if name not in QUIET_ENV}
+    env.update(isolated_env(tmp))
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    return subprocess.run([sys.executable, "-m", "tfgpu_magic", "selftest", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def rows_of(done: subprocess.CompletedProcess[str]) -> dict[str, report.Row]:
+    return {row.rule: row for row in report.from_json(done.stdout)}
+
+
+# ----- the whole selftest, for real, on this machine ------------------------------------------------------
+@pytest.fixture(scope="module")
+def here(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict[str, report.Row]]:
+    done = selftest(tmp_path_factory.mktemp("selftest"), "--json")
+    return done, rows_of(done)
+
+
+@pytest.mark.tensorflow
+def test_every_cpu_rule_is_proven_here_in_fresh_processes(here) -> None:
+    done, rows = here
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
+    assert list(rows) == [rule.name for rule in RULES]
+    for name in CPU_RULES:
+        assert rows[name].verdict == PASS, rows[name]
+    assert rows["split-cpu"].measured == "3" and rows["same-cell"].measured == "2"
+    assert rows["device-routes"].figures == {"device_lib": 3, "session_with_config": 3, "session": 3}
+    assert rows["locked"].figures["initialized"] is True and rows["locked"].figures["cpus"] == 1
+    assert all(rows[name].seconds > 0 and rows[name].figures for name in CPU_RULES)
+
+
+@pytest.mark.tensorflow
+def test_loglevel_error_is_counted_against_the_run_without_a_policy(here) -> None:
+    """What TensorFlow prints at import differs between CPUs: the rule counts against the baseline
+    run of the same selftest, and skips only where that run printed no log line below error."""
+    _, rows = here
+    row = rows["loglevel-error"]
+    assert row.verdict == PASS or (row.verdict == SKIP and "nothing to hide" in row.why), row
+    if row.verdict == PASS:
+        assert row.measured.startswith("0 left") and "without a policy" in row.expected
+
+
+@pytest.mark.tensorflow
+def test_gpu_rules_are_skipped_here_with_their_reason(here) -> None:
+    _, rows = here
+    inventory = read_inventory()
+    for name in GPU_RULES:
+        assert rows[name].verdict == SKIP and rows[name].seconds == 0
+        assert rows[name].why.startswith("TensorFlow lists no GPU here without a policy"), rows[name]
+    for name in NVML_RULES:
+        if inventory.available:
+            assert rows[name].verdict == PASS, rows[name]
+        else:
+            assert (rows[name].verdict, rows[name].why) == (SKIP, inventory.error)
+    assert rows["doctor"].verdict == PASS
+
+
+@pytest.mark.tensorflow
+def test_the_json_is_a_list_of_rules_and_the_text_says_the_same(here) -> None:
+    done, rows = here
+    data = json.loads(done.stdout)
+    assert [set(item) for item in data] == [set(report.Row._fields)] * len(RULES)
+    assert all(item["verdict"] in (PASS, FAIL, SKIP) for item in data)
+    text = report.text(list(rows.values()))
+    assert text.splitlines()[0].startswith(f"tfgpu_magic selftest · Python {sys.version.split()[0]}")
+    assert f"[pass] split-cpu: `split cpu 3` gives 3 logical CPUs  ({rows['split-cpu'].seconds:.1f} s)" in text
+    counts = {verdict: sum(row.verdict == verdict for row in rows.values()) for verdict in (PASS, FAIL, SKIP)}
+    assert text.splitlines()[-1] == f"{len(RULES)} rules: {counts[PASS]} pass, 0 fail, {counts[SKIP]} skip"
+
+
+SABOTAGE = """\
+import sys
+from importlib.machinery import PathFinder
+
+class IgnoreLogicalDevices:
+    '''Makes TensorFlow's Context.set_logical_device_configuration a no-op once its module loads.'''
+    def find_spec(self, name, path=None, target=None):
+        if name != "tensorflow.python.eager.context":
+            return None
+        spec = PathFinder.find_spec(name, path, target)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            module.Context.set_logical_device_configuration = lambda self, device, logical_devices: None
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, IgnoreLogicalDevices())
+"""
+
+
+@pytest.mark.tensorflow
+def test_a_tensorflow_that_ignores_the_split_fails_the_selftest(tmp_path: Path) -> None:
+    (tmp_path / "sitecustomize.py").write_text(SABOTAGE)
+    done = selftest(tmp_path, "--only", "split-cpu", "--json", pythonpath=tmp_path)
+    rows = rows_of(done)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert list(rows) == ["baseline", "split-cpu"] and rows["baseline"].verdict == PASS
+    assert (rows["split-cpu"].verdict, rows["split-cpu"].measured) == (FAIL, "1")
+
+
+WITHOUT_TENSORFLOW = f"""\
+import sys
+from importlib.machinery import PathFinder
+
+class WithoutTensorFlow(PathFinder):
+    '''The path finder, but no TensorFlow is installed.'''
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name.split(".")[0] in ("tensorflow", "keras"):
+            return None
+        return PathFinder.find_spec(name, path, target)
+
+sys.meta_path[:] = [WithoutTensorFlow if finder is PathFinder else finder for finder in sys.meta_path]
+sys.path.insert(0, {str(TESTS)!r})
+from fake_nvml import FakeNvml, four_gpus
+from tfgpu_magic.gpus import inventory
+_nvml = inventory.Nvml(module=FakeNvml(four_gpus(this_kernel=False)))
+inventory.shared_nvml = lambda: _nvml
+"""
+
+
+def test_with_nvml_and_without_tensorflow_the_nvml_rules_still_run(tmp_path: Path) -> None:
+    """A GPU machine without TensorFlow (fake NVML at the chokepoint, no TensorFlow, in every process),
+    through `run_outside`: the whole selftest in a child process, as `%tfgpu selftest` runs it."""
+    (tmp_path / "sitecustomize.py").write_text(WITHOUT_TENSORFLOW)
+    env = {**{name: value for name, value in quiet_env().items() if name not in QUIET_ENV}, **isolated_env(tmp_path),
+           "PYTHONPATH": str(tmp_path)}
+    rows = {row.rule: row for row in run_outside(env)}
+    for name in (*NVML_RULES, "doctor"):
+        assert rows[name].verdict == PASS, rows[name]
+    assert rows["visible-auto"].figures["visible"] == [UUIDS[2]]  # GPUs 1 and 2 tie on free memory; 2 is less busy
+    assert rows["limit-percent"].figures["limits"] == {"0": 40960, "1": 40960, "2": 40960, "3": 20480}
+    assert {(p["gpu"], p["pid"]) for p in rows["who"].figures["nvml"]} == {(0, 4243), (0, 4242)}
+    for name in (*CPU_RULES, *GPU_RULES, "loglevel-error"):
+        assert rows[name].verdict == SKIP and rows[name].why == f"TensorFlow is not installed for {sys.executable}"
+
+
+def test_plain_text_by_default_and_one_line_for_a_wrong_rule(tmp_path: Path) -> None:
+    done = selftest(tmp_path, "--only", "doctor")
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and lines[1].startswith("[pass] doctor: `%tfgpu doctor` runs every check  (")
+    assert lines[-1].startswith("1 rule: 1 pass, 0 fail, 0 skip; ") and "processes at a time" in lines[-1]
+    wrong = selftest(tmp_path, "--only", "split-cpu,nonsense")
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr and wrong.stdout == ""
+    assert "error: argument --only: unknown rule 'nonsense'; the rules: baseline, split-cpu," in wrong.stderr
+
+
+# ----- the loglevel judge on lines as TensorFlow writes them -------------------------------------------
+PREAMBLE = importhook.PREAMBLE
+INFO = "I0000 00:00:1796114086.366015    3831 port.cc:153] oneDNN custom operations are on."
+ERROR = "E0000 00:00:1796114328.718096    7548 cuda_fft.cc:467] Unable to register cuFFT factory"
+WARNING_TF = "WARNING:tensorflow:From x.py:1: the name is deprecated"
+PYTHON_WARNING = "/site-packages/google/protobuf/runtime_version.py:98: UserWarning: Protobuf gencode version"
+
+
+@pytest.mark.parametrize("baseline, run, verdict", [
+    ((PREAMBLE, INFO, ERROR, PYTHON_WARNING), (ERROR, PYTHON_WARNING), PASS),
+    ((PREAMBLE, INFO, ERROR), (ERROR, INFO), FAIL),
+    ((PREAMBLE, INFO), (WARNING_TF,), FAIL),
+    ((ERROR, PYTHON_WARNING), (ERROR, PYTHON_WARNING), SKIP),
+], ids=["quiet", "info-left", "python-warning-left", "nothing-to-hide"])
+def test_loglevel_error_keeps_errors_and_non_log_lines_and_nothing_below_error(baseline, run, verdict) -> None:
+    machine = Machine({}, Inventory(error="none"), baseline=Probe({"gpus": 0}, baseline))
+    outcome = judge_quiet_import(Probe({}, run), Prepared(("loglevel error",)), machine)
+    assert outcome.verdict == verdict
+
+
+# ----- GPU rules on the fakes ----------------------------------------------------------------------------
+CONTEXT_MIB = 400
+"""The card model: what a CUDA context with TensorFlow's handles holds on a card."""
+TAKEN = 0.95
+"""The card model: the share of free memory TensorFlow's BFC allocator takes without growth or cap."""
+ASYNC_LOG = ("I0000 00:00:1770777499.320499  482597 gpu_process_state.cc:208] Using CUDA malloc Async "
+             "allocator for GPU: 0")
+"""The line TensorFlow logs when it builds the cuda_malloc_async allocator (as a user's log shows it)."""
+
+
+def pool_mib(gpu: GpuInForce, free: float, tensors_mib: float) -> float:
+    """The card model: what TensorFlow's pool takes on a card once initialized, with `tensors_mib` of tensors."""
+    if gpu.allocator == ASYNC_ALLOCATOR or gpu.growth:
+        return tensors_mib
+    return sum(gpu.limits) if gpu.limits else free * TAKEN
+
+
+def fits(gpu: GpuInForce, logical: int, mib: float, free: float) -> bool:
+    """The card model: a tensor fits on logical GPU `logical` of the card under its cap (else the free memory)."""
+    return mib <= (gpu.limits[logical] if gpu.limits else free)
+
+
+class FakeProcess:
+    """A probe's process on the fakes: the rule's policy through a real Controller over FakeTF (4 cards
+    as in `four_gpus`), TensorFlow imported and initialized, and the cards as the model says."""
+
+    def __init__(self, prepared: Prepared, sabotage: Callable[[FakeTF, dict], None] | None = None,
+                 tensors_mib: float = 1, listed: bool = True) -> None:
+        self.cards_before = four_gpus(this_kernel=False)
+        self.before = read_inventory(Nvml(module=FakeNvml(copy.deepcopy(self.cards_before))))
+        self.env: dict[str, str] = {}
+        self.fake = FakeTF(4, imported=False, environ=self.env)
+        if sabotage is not None:
+            sabotage(self.fake, self.env)
+        self.ctl = Controller(api=self.fake, environ=self.env, catalog=InventoryCatalog(self.before))
+        self.ctl.edit([self.ctl.parse(line) for line in prepared.policy])  # configure(*POLICY)
+        self.fake.imported = True  # import tensorflow: the hook applies the rest
+        importhook.disarm()
+        self.ctl.apply()
+        self.in_force: InForce = self.fake.initialize()  # the first op
+        after = copy.deepcopy(self.cards_before)
+        for gpu in self.in_force.gpus:
+            card = after[gpu.cuda_id]
+            held = CONTEXT_MIB + pool_mib(gpu, card.total_mib - card.used_mib, tensors_mib)
+            card.processes.append((os.getpid() if listed else 99999, held))
+            card.used_mib += held
+        self.after = read_inventory(Nvml(module=FakeNvml(after)))
+
+    def gpu(self, tf_index: int = 0) -> tuple[GpuInForce, float]:
+        gpu = self.in_force.gpus[tf_index]
+        card = self.cards_before[gpu.cuda_id]
+        return gpu, card.total_mib - card.used_mib
+
+
+def figures_of(rule: str, process: FakeProcess, prepared: Prepared) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """What the rule's probe script reports (and writes on stderr) in `process`."""
+    found = cards(process.after)
+    if rule == "visible-gpus":
+        return {"tf_gpus": len(process.fake.devices("GPU")), "cards": found}, ()
+    if rule in ("growth-on", "growth-off"):
+        return {"before": cards(process.before), "after": found}, ()
+    gpu, free = process.gpu()
+    mib = prepared.args.get("mib", 0)
+    if rule == "limit":
+        return {"oom": not fits(gpu, 0, mib * 1.5, free), "cards": found}, ()
+    if rule == "split-gpu":
+        logical = sum(len(g.limits or (None,)) for g in process.in_force.gpus)
+        second = fits(gpu, 1, mib / 2, free) if logical > 1 else None
+        return {"logical_gpus": logical, "oom": not fits(gpu, 0, mib * 1.5, free), "second_fits": second}, ()
+    if rule == "allocator-async":
+        logged = (ASYNC_LOG,) if gpu.allocator == ASYNC_ALLOCATOR else ()
+        return {"allocator": process.env.get("TF_GPU_ALLOCATOR")}, logged
+    assert rule == "memory-info"
+    stats = FakeMemory(process.fake)
+    stats.allocate("GPU:0", mib * MIB)
+    rows = memory(process.ctl, stats, process.after)
+    return {"tensors_bytes": rows[0]["tensors_bytes"], "cards": found}, ()
+
+
+def gpu_machine(environ: dict[str, str] | None = None) -> Machine:
+    """`four_gpus` through NVML, and a TensorFlow that lists them without a policy."""
+    baseline = {"gpus": len(FakeTF(4).devices("GPU")), "cuda_build": True, "cpus": 1}
+    return Machine(environ or {}, read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False)))),
+                   baseline=Probe(baseline))
+
+
+def judged(name: str, machine: Machine | None = None, **process: Any) -> tuple[str, Prepared, FakeProcess]:
+    rule: Rule = BY_NAME[name]
+    machine = machine or gpu_machine()
+    prepared = rule.prepare(machine)
+    assert isinstance(prepared, Prepared), prepared
+    process.setdefault("tensors_mib", prepared.args.get("mib", 1) if name == "memory-info" else 1)
+    fake = FakeProcess(prepared, **process)
+    figures, stderr = figures_of(name, fake, prepared)
+    return rule.judge(Probe(figures, stderr), prepared, machine).verdict, prepared, fake
+
+
+@pytest.fixture(autouse=True)
+def no_hook() -> Iterator[None]:
+    yield
+    importhook.disarm()
+    importhook.quiet(None)
+
+
+def ignore_split(fake: FakeTF, env: dict) -> None:
+    """TensorFlow accepts logical devices without recording them."""
+    fake.set_user_logical = lambda device, configs: None
+
+
+def ignore_growth(fake: FakeTF, env: dict) -> None:
+    fake.set_growth = lambda device, enable: None
+
+
+def own_environment(**variables: str) -> Callable[[FakeTF, dict], None]:
+    """TensorFlow reads an environment of its own: the policy's variables never reach it."""
+    def sabotage(fake: FakeTF, env: dict) -> None:
+        fake.environ = dict(variables)
+    return sabotage
+
+
+@pytest.mark.parametrize("name, sabotage", [
+    ("visible-gpus", own_environment()),
+    ("growth-on", ignore_growth),
+    ("growth-off", own_environment(TF_FORCE_GPU_ALLOW_GROWTH="true")),
+    ("limit", ignore_split),
+    ("split-gpu", ignore_split),
+    ("allocator-async", own_environment()),
+])
+def test_each_gpu_rule_passes_where_tensorflow_obeys_and_fails_where_it_does_not(name: str, sabotage) -> None:
+    assert judged(name)[0] == PASS
+    assert judged(name, sabotage=sabotage)[0] == FAIL
+
+
+def test_the_gpu_rules_use_the_freest_cards_outside_mig_mode() -> None:
+    """four_gpus: GPUs 1 and 2 tie on free memory, 2 is less busy; GPU 3 is in MIG mode."""
+    _, prepared, fake = judged("visible-gpus")
+    assert prepared.policy == ("visible 1,2",) and [g.cuda_id for g in fake.in_force.gpus] == [1, 2]
+    _, prepared, fake = judged("limit")
+    assert prepared.policy == ("visible 2", "limit 1024MB") and fake.in_force.gpus[0].limits == (1024,)
+    assert judged("split-gpu")[1].policy == ("visible 2", "split 2 2x512MB")
+
+
+def test_an_inherited_cuda_visible_devices_keeps_the_probes_on_its_cards() -> None:
+    """An admin's pin (`CUDA_VISIBLE_DEVICES=0`) is respected: the probes use GPU 0 only."""
+    verdict, prepared, _ = judged("growth-on", gpu_machine({"CUDA_VISIBLE_DEVICES": "0"}))
+    assert verdict == PASS and prepared.policy == ("visible 0", "growth on")
+
+
+def test_memory_info_agrees_with_nvml_or_says_why_not() -> None:
+    assert judged("memory-info")[0] == PASS
+
+    class NoStatistics(FakeMemory):
+        def info(self, device: str) -> None:
+            return None
+
+    _, prepared, fake = judged("memory-info")
+    rows = memory(fake.ctl, NoStatistics(fake.fake), fake.after)
+    figures = {"tensors_bytes": rows[0]["tensors_bytes"], "cards": cards(fake.after)}
+    assert BY_NAME["memory-info"].judge(Probe(figures), prepared, gpu_machine()).verdict == FAIL
+
+
+@pytest.mark.parametrize("name", ["visible-gpus", "growth-on", "limit", "memory-info"])
+def test_where_nvml_does_not_list_the_process_the_rule_says_so(name: str) -> None:
+    """In a container NVML may report host process ids: the memory cannot be attributed."""
+    rule = BY_NAME[name]
+    machine = gpu_machine()
+    prepared = rule.prepare(machine)
+    figures, stderr = figures_of(name, FakeProcess(prepared, listed=False), prepared)
+    outcome = rule.judge(Probe(figures, stderr), prepared, machine)
+    assert outcome.verdict == SKIP and outcome.why.startswith("NVML does not list this process")
+
+
+def test_without_gpus_or_tensorflow_each_rule_says_why_it_cannot_run() -> None:
+    no_nvml = Inventory(error="NVML unavailable: no NVIDIA driver here")
+    cpu_only = Machine({}, no_nvml, baseline=Probe({"gpus": 0, "cuda_build": False}))
+    assert BY_NAME["growth-on"].prepare(cpu_only) == ("TensorFlow lists no GPU here without a policy (this "
+                                                      "TensorFlow is a CPU-only build); NVML unavailable: no NVIDIA "
+                                                      "driver here")
+    assert BY_NAME["who"].prepare(cpu_only) == "NVML unavailable: no NVIDIA driver here"
+    no_tf = Machine({}, gpu_machine().inventory, tensorflow="TensorFlow is not installed for python")
+    assert {rule.prepare(no_tf) for rule in RULES if rule.lane in (TENSORFLOW, GPU)} == {
+        "TensorFlow is not installed for python"}
+    assert all(isinstance(rule.prepare(no_tf), Prepared) for rule in RULES if rule.lane == NVML)
+    gpus_without_nvml = Machine({}, no_nvml, baseline=gpu_machine().baseline)
+    assert BY_NAME["limit"].prepare(gpus_without_nvml).startswith("needs NVML to see this process on the cards")
+    assert BY_NAME["split-gpu"].prepare(gpus_without_nvml).policy == ("visible 0", "split 0 2x512MB")
+
+
+def test_the_probe_scripts_compile_and_only_they_import_tensorflow() -> None:
+    """The child scripts are text (tests/test_architecture.py reads only real imports): each compiles,
+    and importing the selftest leaves TensorFlow out of this process."""
+    for rule in RULES:
+        compile(probes.script(rule.probe), rule.name, "exec")
+    code = textwrap.dedent("""\
+        import sys
+        import tfgpu_magic.__main__, tfgpu_magic.selftest.run
+        print(sorted(m for m in ("tensorflow", "ipywidgets", "IPython") if m in sys.modules))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.stdout.strip() == "[]", done.stderr
+
+
+# ----- `%tfgpu selftest` ---------------------------------------------------------------------------------
+def test_the_magic_runs_it_outside_the_kernel_with_the_environment_before_the_policy(
+        shell, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`%tfgpu selftest` on a real shell: a child process runs it (fake NVML and no TensorFlow there, for
+    speed), with `CUDA_VISIBLE_DEVICES` as it was before `%tfgpu visible none` set it (the doctor's check
+    of it is ok, not "hides every GPU"); the plain form ends with the counts."""
+    (tmp_path / "sitecustomize.py").write_text(WITHOUT_TENSORFLOW)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    shell.run_line_magic("tfgpu", "visible none")
+    try:
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+        capsys.readouterr()
+        shell.run_line_magic("tfgpu", "selftest --json")
+        rows = {row.rule: row for row in report.from_json(capsys.readouterr().out)}
+        shell.run_line_magic("tfgpu", "selftest")
+        table = capsys.readouterr().out
+    finally:
+        shell.run_line_magic("tfgpu", "reset")
+    checks = {check["check"]: check["verdict"] for check in rows["doctor"].figures["checks"]}
+    assert checks["CUDA_VISIBLE_DEVICES"] == "ok"
+    assert rows["nvml-inventory"].verdict == PASS and rows["split-cpu"].verdict == SKIP
+    assert table.splitlines()[-1].startswith(f"{len(RULES)} rules: 5 pass, 0 fail, {len(RULES) - 5} skip; ")

@@ -1,0 +1,9 @@
+"""`python -m tfgpu_magic selftest`: proof, on the machine it runs on, that each rule of a policy really
+takes effect with the TensorFlow and the GPUs installed there.
+
+Each rule runs in a fresh Python process (this interpreter, this environment), applies one policy
+through the public API and measures the outcome (`probes`: the child scripts; `measure`: what they
+read of the GPUs); `rules` says what each rule expects and judges it; `run` runs the processes, in
+parallel where they can be; `report` renders the verdicts as text or JSON. docs/selftest.md
+describes every rule. This package never imports TensorFlow: only its child processes do.
+"""

@@ -1,0 +1,198 @@
+"""The scripts the selftest's rules run, each in a fresh `python -c SCRIPT ARGUMENT`, kept as text.
+
+Text, because they import TensorFlow and only the child that runs one may: the selftest's own
+process stays free of it (TensorFlow locks its device settings once initialized), and
+tests/test_architecture.py keeps every `import tensorflow` of the package's modules in
+tfgpu_magic/tf/. Each script gets `POLICY` (directives) and `ARGS` (the rule's values) from its one
+argument, applies the policy through the public API (`tfgpu_magic.configure` before the import, or
+`%tfgpu` in a real IPython shell), does what the rule needs with the real TensorFlow, and ends with
+`report(...)`: one line `MARKER + JSON` on stdout. Its stderr is the parent's to read.
+"""
+
+from __future__ import annotations
+
+MARKER = "TFGPU_SELFTEST_FIGURES "
+
+PRELUDE = f"""\
+import json, os, sys
+_root, POLICY, ARGS = json.loads(sys.argv[1])
+if _root not in sys.path:  # the parent's tfgpu_magic, wherever this process starts
+    sys.path.append(_root)
+
+def report(**figures):
+    print({MARKER!r} + json.dumps(figures), flush=True)
+"""
+
+CONFIGURE = """\
+import tfgpu_magic
+tfgpu_magic.configure(*POLICY)
+import tensorflow as tf
+"""
+
+FIRST_OP = """\
+tf.constant(1) + 1
+report(version=tf.__version__, cuda_build=bool(tf.test.is_built_with_cuda()),
+       cpus=len(tf.config.list_logical_devices("CPU")),
+       gpus=len(tf.config.list_physical_devices("GPU")), logical_gpus=len(tf.config.list_logical_devices("GPU")),
+       cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), python=sys.executable,
+       python_version=sys.version.split()[0])
+"""
+
+BASELINE = "import tensorflow as tf\n" + FIRST_OP
+"""No policy, no tfgpu_magic: what this TensorFlow does by itself (devices, stderr lines at import)."""
+
+CONFIGURED = CONFIGURE + FIRST_OP
+"""The policy through `configure()`, then `import tensorflow` and a first op."""
+
+SAME_CELL = """\
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+shell.run_line_magic("load_ext", "tfgpu_magic")
+for line in POLICY:
+    shell.run_line_magic("tfgpu", line)
+cell = shell.run_cell("import tensorflow as tf\\ncpus = len(tf.config.list_logical_devices('CPU'))")
+failure = cell.error_in_exec or cell.error_before_exec
+report(cpus=shell.user_ns.get("cpus"), error=None if failure is None else f"{type(failure).__name__}: {failure}")
+"""
+
+DEVICE_ROUTES = CONFIGURE + """\
+from tensorflow.python.client import device_lib
+
+def cpus(devices):
+    return sum(device.device_type == "CPU" for device in devices)
+
+listed = cpus(device_lib.list_local_devices())
+with tf.Graph().as_default():
+    given = cpus(tf.compat.v1.Session(config=tf.compat.v1.ConfigProto()).list_devices())
+    default = cpus(tf.compat.v1.Session().list_devices())
+report(device_lib=listed, session_with_config=given, session=default)
+"""
+
+LOCKED = """\
+import warnings
+import tensorflow as tf
+tf.constant(1) + 1
+import tfgpu_magic
+from tfgpu_magic.controller import get_controller
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    applied = tfgpu_magic.configure(*POLICY)
+report(initialized=get_controller().state().initialized, ok=applied.ok, locked=applied.locked,
+       warnings=[str(warning.message) for warning in caught], cpus=len(tf.config.list_logical_devices("CPU")))
+"""
+
+# ----- NVML only: no TensorFlow in these ------------------------------------------------------------
+INVENTORY = """\
+from tfgpu_magic.gpus.inventory import read_inventory
+inventory = read_inventory()
+report(error=inventory.error, driver=inventory.driver_version,
+       gpus=[{"index": gpu.index, "uuid": gpu.uuid, "name": gpu.name, "total_mib": gpu.memory_total_mib}
+             for gpu in inventory.gpus])
+"""
+
+VISIBLE_AUTO = """\
+import tfgpu_magic
+from tfgpu_magic.gpus.inventory import cached_inventory
+tfgpu_magic.configure(*POLICY)
+report(visible=list(tfgpu_magic.current_policy().visible or ()),
+       cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+       free={gpu.uuid: gpu.memory_free_mib for gpu in cached_inventory().gpus})  # the read `auto` picked from
+"""
+
+LIMIT_PERCENT = """\
+import tfgpu_magic
+from tfgpu_magic.gpus.inventory import cached_inventory
+tfgpu_magic.configure(*POLICY)
+report(limits=dict(tfgpu_magic.current_policy().limits),
+       totals={str(gpu.index): gpu.memory_total_mib for gpu in cached_inventory().gpus})
+"""
+
+WHO = """\
+import tfgpu_magic
+from tfgpu_magic.gpus.inventory import read_inventory
+from tfgpu_magic.selftest.measure import processes
+inventory = read_inventory()
+report(nvml=processes(inventory), who=[{"pid": row["pid"], "gpu_memory": row["gpu_memory"]}
+                                       for row in tfgpu_magic.who(inventory)])
+"""
+
+DOCTOR = """\
+from tfgpu_magic.actions import doctor
+from tfgpu_magic.controller import get_controller
+report(checks=json.loads(doctor(get_controller(), json=True)))
+"""
+
+# ----- GPUs: TensorFlow on the cards, NVML to see what it took ----------------------------------------
+NVML = """\
+from tfgpu_magic.gpus.inventory import read_inventory
+from tfgpu_magic.selftest.measure import cards
+"""
+
+ROWS = "ROW = 1024 * 1024 // 4\n"
+"""float32 elements in one MiB: `tf.zeros([n, ROW])` is n MiB; `t[0, 0].numpy()` waits for it."""
+
+VISIBLE_GPUS = NVML + CONFIGURE + """\
+for index in range(len(tf.config.list_logical_devices("GPU"))):
+    with tf.device(f"/GPU:{index}"):
+        (tf.constant(1) + 1).numpy()
+report(tf_gpus=len(tf.config.list_physical_devices("GPU")), cards=cards(read_inventory()))
+"""
+
+GROWTH = NVML + """\
+before = cards(read_inventory())
+""" + CONFIGURE + ROWS + """\
+with tf.device("/GPU:0"):
+    tf.zeros([1, ROW])[0, 0].numpy()
+report(before=before, after=cards(read_inventory()))
+"""
+"""Growth on or off: the card's free memory before, this process's share after a 1 MiB tensor."""
+
+PAST_CAP = ROWS + """\
+mib = ARGS["mib"]
+try:
+    with tf.device("/GPU:0"):
+        tf.zeros([mib * 3 // 2, ROW])[0, 0].numpy()
+    oom = False
+except tf.errors.ResourceExhaustedError:
+    oom = True
+"""
+"""1.5 times the cap (`ARGS["mib"]`) must not fit on (the first logical) GPU:0."""
+
+LIMIT = NVML + CONFIGURE + PAST_CAP + """\
+with tf.device("/GPU:0"):
+    kept = tf.zeros([mib // 2, ROW])
+    kept[0, 0].numpy()
+report(oom=oom, cards=cards(read_inventory()))
+"""
+"""Past the limit fails; half of it fits, and NVML then shows the pool."""
+
+SPLIT_GPU = CONFIGURE + PAST_CAP + """\
+logical = len(tf.config.list_logical_devices("GPU"))
+second = None
+if logical > 1:
+    with tf.device("/GPU:1"):
+        tf.zeros([mib // 2, ROW])[0, 0].numpy()
+    second = True
+report(logical_gpus=logical, oom=oom, second_fits=second)
+"""
+
+ALLOCATOR = CONFIGURE + ROWS + """\
+with tf.device("/GPU:0"):
+    tf.zeros([16, ROW])[0, 0].numpy()
+report(allocator=os.environ.get("TF_GPU_ALLOCATOR"))
+"""
+"""TensorFlow says which allocator it built on stderr (its policy includes `loglevel info`)."""
+
+MEMORY_INFO = NVML + CONFIGURE + ROWS + """\
+with tf.device("/GPU:0"):
+    held = tf.zeros([ARGS["mib"], ROW])
+    held[0, 0].numpy()
+rows = tfgpu_magic.memory()
+report(tensors_bytes=rows[0]["tensors_bytes"] if rows else None, cards=cards(read_inventory()))
+"""
+"""TensorFlow's count of its tensors (`tfgpu_magic.memory()`, from `get_memory_info`) against NVML."""
+
+
+def script(body: str) -> str:
+    """The whole child script for a probe `body`."""
+    return PRELUDE + body

@@ -1,0 +1,460 @@
+"""The selftest's rules: for each, the policy it applies, the child script that measures it
+(`probes`), when it cannot run here and why, and the judge that turns the figures into a verdict.
+
+Pure: the judges read the figures a child reported (and its stderr), never TensorFlow or NVML
+themselves, so tests can judge figures that tests/fake_tf.py and tests/fake_nvml.py produce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, NamedTuple
+
+from ..errors import PolicyError
+from ..gpus.cudaenv import parse_cuda_visible
+from ..gpus.doctor import FAIL as DOCTOR_FAIL
+from ..gpus.doctor import INFO, OK, WARN
+from ..gpus.inventory import Gpu, Inventory, freest_first
+from ..tf.envvars import CUDA_VISIBLE_DEVICES
+from ..tf.importhook import severity
+from ..tf.memory import mib_text
+from . import probes
+
+PASS, FAIL, SKIP = "pass", "fail", "skip"
+TENSORFLOW, NVML, GPU = "tensorflow", "nvml", "gpu"
+"""Lanes: TensorFlow on the CPU and NVML-only rules run side by side; GPU rules one at a time after
+them, so that no other probe's memory skews what NVML shows."""
+
+MIB = 1024 * 1024
+CPU_SPLIT = 3
+CELL_SPLIT = 2
+OVERHEAD_MIB = 1024
+"""What a process may hold on a card beyond its cap: the CUDA context, cuBLAS/cuDNN workspaces."""
+GROWTH_SHARE = 0.25
+"""With growth on, a process that made a 1 MiB tensor holds less than this share of the card."""
+GREEDY_SHARE = 0.75
+"""Without growth, TensorFlow takes at least this share of the memory free when it started
+(GPUProcessState leaves only a small reserve)."""
+ASYNC_LINE = "Using CUDA malloc Async allocator for GPU"
+"""What TensorFlow logs at INFO when it builds the cuda_malloc_async allocator
+(tensorflow/core/common_runtime/gpu/gpu_process_state.cc)."""
+BELOW_ERROR = ("debug", "info", "warning")
+
+
+class Probe(NamedTuple):
+    """One child process's run: what it reported, its stderr lines, how long it took, and why it
+    reported nothing (exit status, timeout) when it did not."""
+
+    figures: dict[str, Any] | None
+    stderr: tuple[str, ...] = ()
+    seconds: float = 0.0
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the parent knows before the children run (and, for the GPU rules, after the baseline)."""
+
+    environ: Mapping[str, str]
+    inventory: Inventory
+    tensorflow: str | None = None
+    """Why this Python cannot import TensorFlow; None when it can."""
+    baseline: Probe | None = None
+    """The run without a policy, once it ran."""
+
+
+class Prepared(NamedTuple):
+    """A rule made concrete for this machine: its policy and the values its script reads."""
+
+    policy: tuple[str, ...] = ()
+    args: dict[str, Any] = {}
+
+
+class Outcome(NamedTuple):
+    verdict: str
+    why: str
+    expected: str
+    measured: str
+
+
+Judge = Callable[[Probe, Prepared, Machine], Outcome]
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    claim: str
+    lane: str
+    probe: str
+    prepare: Callable[[Machine], Prepared | str]
+    """The concrete policy, or why the rule cannot run here (a skip)."""
+    judge: Judge
+
+
+def verdict(ok: bool, expected: str, measured: str, why_fail: str = "", why_pass: str = "") -> Outcome:
+    return Outcome(PASS if ok else FAIL, why_pass if ok else why_fail, expected, measured)
+
+
+# ----- what each rule needs -------------------------------------------------------------------------------
+def needs_tensorflow(*policy: str) -> Callable[[Machine], Prepared | str]:
+    def prepare(machine: Machine) -> Prepared | str:
+        return machine.tensorflow or Prepared(policy)
+
+    return prepare
+
+
+def needs_gpus_in_nvml(*policy: str) -> Callable[[Machine], Prepared | str]:
+    def prepare(machine: Machine) -> Prepared | str:
+        if not machine.inventory.available:
+            return machine.inventory.error or "NVML unavailable"
+        return Prepared(policy) if machine.inventory.gpus else "NVML lists no GPU on this machine"
+
+    return prepare
+
+
+def always(machine: Machine) -> Prepared:
+    return Prepared()
+
+
+def usable_gpus(inventory: Inventory, environ: Mapping[str, str]) -> list[Gpu]:
+    """GPUs a probe may use, freest first: not in MIG mode (CUDA sees only its instances there), and
+    among those an inherited `CUDA_VISIBLE_DEVICES` allows (an admin's or a provisioner's pin)."""
+    gpus = [gpu for gpu in inventory.gpus if not gpu.mig_devices]
+    raw = environ.get(CUDA_VISIBLE_DEVICES)
+    if raw is not None:
+        allowed = set()
+        for entry in parse_cuda_visible(raw, inventory.known_refs()).entries:
+            try:
+                device = inventory.find(entry)
+            except PolicyError:  # a UUID prefix of several cards: CUDA would not take it either
+                continue
+            if isinstance(device, Gpu):
+                allowed.add(device.index)
+        gpus = [gpu for gpu in gpus if gpu.index in allowed]
+    return sorted(gpus, key=freest_first)
+
+
+def no_gpu_here(machine: Machine, nvml: bool) -> str | None:
+    """Why the GPU rules cannot run: no TensorFlow, no GPU it lists, or (`nvml`) no NVML to measure with."""
+    if machine.tensorflow:
+        return machine.tensorflow
+    baseline = machine.baseline
+    if baseline is None or baseline.figures is None:
+        return f"the run without a policy failed: {baseline.error if baseline else 'it did not run'}"
+    if not baseline.figures["gpus"]:
+        hints = [] if baseline.figures["cuda_build"] else ["this TensorFlow is a CPU-only build"]
+        if machine.environ.get(CUDA_VISIBLE_DEVICES) is not None:
+            hints.append(f"CUDA_VISIBLE_DEVICES={machine.environ[CUDA_VISIBLE_DEVICES]!r} is inherited")
+        nvml_says = machine.inventory.error or f"NVML lists {len(machine.inventory.gpus)} GPU(s)"
+        hinted = f" ({'; '.join(hints)})" if hints else ""
+        return f"TensorFlow lists no GPU here without a policy{hinted}; {nvml_says}"
+    if nvml and not machine.inventory.available:
+        return f"needs NVML to see this process on the cards: {machine.inventory.error}"
+    if nvml and not usable_gpus(machine.inventory, machine.environ):
+        return "no GPU outside MIG mode among those CUDA_VISIBLE_DEVICES allows"
+    return None
+
+
+def on_one_card(nvml: bool, make: Callable[[str, int | None], Prepared]) -> Callable[[Machine], Prepared | str]:
+    """A GPU rule on one card: the freest usable one (GPU 0 where NVML is missing), given to `make`
+    as its nvidia-smi index and total MiB (None: unknown); the card's UUID goes in the args."""
+
+    def prepare(machine: Machine) -> Prepared | str:
+        why = no_gpu_here(machine, nvml)
+        if why:
+            return why
+        gpus = usable_gpus(machine.inventory, machine.environ) if machine.inventory.available else []
+        card = gpus[0] if gpus else None
+        prepared = make(card.ref if card else "0", card.memory_total_mib if card else None)
+        return prepared._replace(args={**prepared.args, "uuid": card.uuid if card else None})
+
+    return prepare
+
+
+def share(total: int | None, part: float, most: int) -> int:
+    """`part` of a card's `total` MiB, at most `most` (`most` where the total is unknown)."""
+    return most if total is None else max(1, min(most, int(total * part)))
+
+
+# ----- judges: TensorFlow on the CPU ------------------------------------------------------------------------
+def judge_baseline(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
+    f = probe.figures or {}
+    build = "CUDA build" if f["cuda_build"] else "CPU-only build"
+    return verdict(True, "TensorFlow imports and runs a first op",
+                   f"TensorFlow {f['version']} ({build}), {f['cpus']} logical CPU(s), {f['gpus']} GPU(s); "
+                   f"{len(probe.stderr)} line(s) on stderr")
+
+
+def judge_cpu_split(count: int) -> Judge:
+    def judge(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
+        f = probe.figures or {}
+        measured = f"error in the cell: {f['error']}" if f.get("error") else f"{f['cpus']}"
+        return verdict(f["cpus"] == count, f"{count} logical CPUs", measured,
+                       "TensorFlow accepted the policy but did not create the logical CPUs it asks for")
+
+    return judge
+
+
+def judge_visible_none(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
+    f = probe.figures or {}
+    without = _baseline(machine, "gpus")
+    trivial = ("TensorFlow lists no GPU here without a policy either: this shows only that the policy does no harm"
+               if without == 0 else "")
+    return verdict(f["gpus"] == 0 and f["logical_gpus"] == 0,
+                   "no GPU" + (f" (without a policy: {without})" if without is not None else ""),
+                   f"{f['gpus']} GPU(s); CUDA_VISIBLE_DEVICES={f['cuda_visible_devices']!r}",
+                   "TensorFlow still lists GPUs", trivial)
+
+
+def judge_device_routes(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
+    f = probe.figures or {}
+    counts = (f["device_lib"], f["session_with_config"], f["session"])
+    return verdict(counts == (CPU_SPLIT,) * 3,
+                   f"{CPU_SPLIT} CPU devices from each of device_lib.list_local_devices(), "
+                   "Session(config=ConfigProto()) and Session()",
+                   "device_lib {}, Session(config) {}, Session() {}".format(*counts),
+                   "a route that creates devices outside the eager context ignored the policy")
+
+
+def judge_locked(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
+    f = probe.figures or {}
+    before = _baseline(machine, "cpus") or 1
+    named = [line for line in f["locked"] if "CPU" in line]
+    ok = f["initialized"] and not f["ok"] and bool(named) and len(f["warnings"]) == 1 and f["cpus"] == before
+    return verdict(ok, f"runtime seen as initialized; one warning naming the CPU split as locked; still {before} "
+                       "logical CPU(s)",
+                   f"initialized: {'yes' if f['initialized'] else 'no'}; "
+                   f"locked: {'; '.join(f['locked']) or 'nothing'}; "
+                   f"{len(f['warnings'])} warning(s); {f['cpus']} logical CPU(s)",
+                   "an initialized runtime went unnoticed, or a locked setting was not named")
+
+
+def judge_quiet_import(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
+    """`loglevel error`: no log line below error may remain of those TensorFlow printed in the run
+    without a policy; errors, and lines that are not log lines (yours, Python's warnings), stay."""
+    baseline = machine.baseline
+    if baseline is None or baseline.figures is None:
+        return Outcome(SKIP, "the run without a policy, which this rule counts against, failed", "", "")
+    hideable = [line for line in baseline.stderr if severity(line) in BELOW_ERROR]
+    if not hideable:
+        return Outcome(SKIP, "without a policy TensorFlow printed no log line below error on stderr here: nothing "
+                       "to hide", "", f"{len(baseline.stderr)} line(s) without a policy")
+    left = [line for line in probe.stderr if severity(line) in BELOW_ERROR]
+    kept = sum(severity(line) in ("error", "fatal") for line in probe.stderr)
+    others = len(probe.stderr) - len(left) - kept
+    return verdict(not left, f"none of the {len(hideable)} log line(s) below error TensorFlow printed without a policy",
+                   f"{len(left)} left" + (f", e.g. {left[0][:120]}" if left else "")
+                   + f"; kept: {kept} error line(s), {others} other line(s)",
+                   "TensorFlow's log lines below error still reach stderr")
+
+
+# ----- judges: NVML only --------------------------------------------------------------------------------------
+def judge_inventory(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
+    f = probe.figures or {}
+    gpus = f["gpus"]
+    complete = bool(gpus) and all(gpu["uuid"].startswith(("GPU-", "MIG-")) and gpu["total_mib"] for gpu in gpus)
+    listed = "; ".join(f"GPU {g['index']} {g['name']} {mib_text(g['total_mib'])} {g['uuid']}" for g in gpus)
+    return verdict(f["error"] is None and complete, "every GPU with its UUID and total memory",
+                   f"driver {f['driver']}: {listed}" if gpus else f"no GPU: {f['error']}",
+                   "NVML's inventory is missing GPUs' UUIDs or memory")
+
+
+def judge_visible_auto(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
+    f = probe.figures or {}
+    free = {uuid: mib for uuid, mib in f["free"].items() if mib is not None}
+    most = max(free.values(), default=None)
+    chosen = f["visible"]
+    ok = len(chosen) == 1 and free.get(chosen[0]) == most and f["cuda_visible_devices"] == chosen[0]
+    return verdict(ok, f"one GPU with the most free memory ({mib_text(most)} free), pinned by its UUID",
+                   f"visible {','.join(chosen) or 'none'} ({mib_text(free.get(chosen[0]) if chosen else None)} free); "
+                   f"CUDA_VISIBLE_DEVICES={f['cuda_visible_devices']!r}",
+                   "`visible auto` did not pin the freest GPU")
+
+
+def judge_limit_percent(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
+    f = probe.figures or {}
+    half = {index: total / 2 for index, total in f["totals"].items() if total}
+    limits = f["limits"]
+    ok = bool(half) and set(limits) == set(half) and all(abs(limits[i] - half[i]) <= 1 for i in half)
+    return verdict(ok, "half of each card: " + ", ".join(f"GPU {i} {mib:.0f} MiB" for i, mib in half.items()),
+                   ", ".join(f"GPU {i} {mib} MiB" for i, mib in limits.items()) or "no limit",
+                   "`limit 50%` did not give half of each card's total")
+
+
+def judge_who(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
+    f = probe.figures or {}
+    rows = {row["pid"]: row["gpu_memory"] for row in f["who"]}
+    missing = [p for p in f["nvml"] if str(p["gpu"]) not in rows.get(p["pid"], {})
+               or rows[p["pid"]][str(p["gpu"])] != (None if p["mib"] is None else p["mib"] * MIB)]
+    return verdict(not missing, f"each of the {len(f['nvml'])} process(es) NVML lists on a GPU, with its memory",
+                   f"{len(f['nvml']) - len(missing)} listed as NVML says"
+                   + (f"; missing or different: {missing[:3]}" if missing else ""),
+                   "`who` does not show what NVML shows")
+
+
+def judge_doctor(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
+    checks = (probe.figures or {})["checks"]
+    counts = {name: sum(check["verdict"] == name for check in checks) for name in (OK, WARN, DOCTOR_FAIL, INFO)}
+    known = sum(counts.values()) == len(checks)
+    return verdict(bool(checks) and known, "every check gives a verdict (its own findings are the doctor's)",
+                   f"{len(checks)} checks: " + ", ".join(f"{n} {name}" for name, n in counts.items() if n),
+                   "the doctor gave no checks, or a verdict it does not define",
+                   "`%tfgpu doctor` explains its FAIL and warn lines" if counts[DOCTOR_FAIL] or counts[WARN] else "")
+
+
+# ----- judges: GPUs --------------------------------------------------------------------------------------------
+NOT_LISTED = ("NVML does not list this process on the card (in a container NVML may show the host's process "
+              "ids): its memory there cannot be read")
+
+
+def mine(figures: dict[str, Any], uuid: str, key: str = "cards") -> dict[str, Any] | None:
+    """The card `uuid` in `figures[key]`, when NVML lists this process on it."""
+    card = figures[key].get(uuid)
+    return card if card is not None and card["listed"] and card["mine_mib"] is not None else None
+
+
+def judge_visible_gpus(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
+    f = probe.figures or {}
+    wanted = sorted(prepared.args["uuids"])
+    used = sorted(uuid for uuid, card in f["cards"].items() if card["listed"])
+    if not used:
+        return Outcome(SKIP, NOT_LISTED, ", ".join(wanted), f"TensorFlow lists {f['tf_gpus']} GPU(s)")
+    return verdict(used == wanted and f["tf_gpus"] == len(wanted),
+                   f"TensorFlow on exactly {', '.join(wanted)}",
+                   f"TensorFlow lists {f['tf_gpus']} GPU(s); NVML shows this process on {', '.join(used)}",
+                   "the process runs on other cards than the policy chose")
+
+
+def judge_growth(on: bool) -> Judge:
+    def judge(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
+        f = probe.figures or {}
+        uuid = prepared.args["uuid"]
+        card = mine(f, uuid, "after")
+        if card is None:
+            return Outcome(SKIP, NOT_LISTED, "", "")
+        held, total, free = card["mine_mib"], card["total_mib"], f["before"][uuid]["free_mib"]
+        measured = f"{mib_text(held)} of the card's {mib_text(total)} ({mib_text(free)} free before)"
+        if on:
+            return verdict(held < total * GROWTH_SHARE, f"under {mib_text(total * GROWTH_SHARE)} after a 1 MiB tensor",
+                           measured, "with growth on the process still took most of the card")
+        return verdict(held >= free * GREEDY_SHARE,
+                       f"at least {mib_text(free * GREEDY_SHARE)} (nearly all that was free)",
+                       measured, "without growth TensorFlow should take nearly all free memory")
+
+    return judge
+
+
+def judge_limit(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
+    f = probe.figures or {}
+    mib = prepared.args["mib"]
+    card = mine(f, prepared.args["uuid"])
+    held = card["mine_mib"] if card else None
+    expected = f"an allocation of {mib_text(mib * 1.5)} fails; the process holds at most {mib_text(mib + OVERHEAD_MIB)}"
+    measured = f"{'ResourceExhaustedError' if f['oom'] else 'no error'}; holds {mib_text(held)}"
+    if f["oom"] and card is None:
+        return Outcome(SKIP, NOT_LISTED, expected, measured)
+    return verdict(f["oom"] and held <= mib + OVERHEAD_MIB, expected, measured,
+                   "the cap did not hold" if not f["oom"] else "the process holds more than the cap and its overhead")
+
+
+def judge_split_gpu(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
+    f = probe.figures or {}
+    mib = prepared.args["mib"]
+    return verdict(f["logical_gpus"] == 2 and f["oom"] and bool(f["second_fits"]),
+                   f"2 logical GPUs of {mib_text(mib)}: {mib_text(mib * 1.5)} fails on the first, "
+                   f"{mib_text(mib / 2)} fits on the second",
+                   f"{f['logical_gpus']} logical GPU(s); {'ResourceExhaustedError' if f['oom'] else 'no error'} on the "
+                   f"first; second {'fits' if f['second_fits'] else 'not tried'}",
+                   "TensorFlow did not split the card as asked")
+
+
+def judge_allocator(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
+    said = [line for line in probe.stderr if ASYNC_LINE in line]
+    return verdict(bool(said), f"TensorFlow logs \"{ASYNC_LINE}\"",
+                   said[0].split("] ", 1)[-1] if said else "no such line on stderr",
+                   "TensorFlow built its default allocator instead")
+
+
+def judge_memory_info(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
+    f = probe.figures or {}
+    tensors, wanted = f["tensors_bytes"], prepared.args["mib"] * MIB
+    card = mine(f, prepared.args["uuid"])
+    pool = card["mine_mib"] * MIB if card else None
+    expected = f"TensorFlow counts at least {mib_text(wanted / MIB)} of tensors, and NVML shows at least that"
+    measured = (f"tensors {mib_text(None if tensors is None else tensors / MIB)}; "
+                f"NVML {mib_text(None if pool is None else pool / MIB)}")
+    if card is None:
+        return Outcome(SKIP, NOT_LISTED, expected, measured)
+    return verdict(tensors is not None and wanted <= tensors <= pool, expected, measured,
+                   "get_memory_info and NVML disagree")
+
+
+def _baseline(machine: Machine, key: str) -> Any:
+    baseline = machine.baseline
+    return None if baseline is None or baseline.figures is None else baseline.figures[key]
+
+
+# ----- the rules, in the order the report lists them --------------------------------------------------------
+BASELINE = Rule("baseline", "TensorFlow without a policy (what the other rules count against)", TENSORFLOW,
+                probes.BASELINE, needs_tensorflow(), judge_baseline)
+
+RULES: tuple[Rule, ...] = (
+    BASELINE,
+    Rule("split-cpu", f"`split cpu {CPU_SPLIT}` gives {CPU_SPLIT} logical CPUs", TENSORFLOW, probes.CONFIGURED,
+         needs_tensorflow(f"split cpu {CPU_SPLIT}"), judge_cpu_split(CPU_SPLIT)),
+    Rule("visible-none", "`visible none` leaves no GPU", TENSORFLOW, probes.CONFIGURED,
+         needs_tensorflow("visible none"), judge_visible_none),
+    Rule("same-cell", "the policy lands before the first op when import and op share a cell", TENSORFLOW,
+         probes.SAME_CELL, needs_tensorflow(f"split cpu {CELL_SPLIT}"), judge_cpu_split(CELL_SPLIT)),
+    Rule("device-routes", "device_lib.list_local_devices() and TF1 Sessions honour the policy", TENSORFLOW,
+         probes.DEVICE_ROUTES, needs_tensorflow(f"split cpu {CPU_SPLIT}"), judge_device_routes),
+    Rule("locked", "an initialized runtime is detected and locked settings are named", TENSORFLOW, probes.LOCKED,
+         needs_tensorflow(f"split cpu {CELL_SPLIT}"), judge_locked),
+    Rule("loglevel-error", "`loglevel error` leaves no TensorFlow line below error on stderr", TENSORFLOW,
+         probes.CONFIGURED, needs_tensorflow("loglevel error"), judge_quiet_import),
+    Rule("nvml-inventory", "NVML lists every GPU with its UUID and memory", NVML, probes.INVENTORY,
+         needs_gpus_in_nvml(), judge_inventory),
+    Rule("visible-auto", "`visible auto` pins the GPU with the most free memory by UUID", NVML, probes.VISIBLE_AUTO,
+         needs_gpus_in_nvml("visible auto"), judge_visible_auto),
+    Rule("limit-percent", "`limit 50%` is half of each card's memory", NVML, probes.LIMIT_PERCENT,
+         needs_gpus_in_nvml("limit 50%"), judge_limit_percent),
+    Rule("who", "`who` shows each process on a GPU with the memory NVML gives", NVML, probes.WHO,
+         needs_gpus_in_nvml(), judge_who),
+    Rule("doctor", "`%tfgpu doctor` runs every check", NVML, probes.DOCTOR, always, judge_doctor),
+    Rule("visible-gpus", "`visible` shows TensorFlow exactly the chosen cards (UUIDs from NVML)", GPU,
+         probes.VISIBLE_GPUS, lambda machine: _two_cards(machine), judge_visible_gpus),
+    Rule("growth-on", "with `growth on` the process holds far less than the card after a small op", GPU,
+         probes.GROWTH, on_one_card(True, lambda gpu, total: Prepared((f"visible {gpu}", "growth on"))),
+         judge_growth(True)),
+    Rule("growth-off", "without growth TensorFlow takes nearly all free memory", GPU, probes.GROWTH,
+         on_one_card(True, lambda gpu, total: Prepared((f"visible {gpu}", "growth off"))), judge_growth(False)),
+    Rule("limit", "`limit X`: past X an allocation fails, and NVML shows the process within X plus overhead", GPU,
+         probes.LIMIT, on_one_card(True, lambda gpu, total: _sized(gpu, total, 0.25, 1024, "limit {mib}MB")),
+         judge_limit),
+    Rule("split-gpu", "`split GPU 2xX` gives two logical GPUs of X", GPU, probes.SPLIT_GPU,
+         on_one_card(False, lambda gpu, total: _sized(gpu, total, 0.125, 512, f"split {gpu} 2x{{mib}}MB")),
+         judge_split_gpu),
+    Rule("allocator-async", "`allocator async` is what TensorFlow builds", GPU, probes.ALLOCATOR,
+         on_one_card(False, lambda gpu, total: Prepared((f"visible {gpu}", "allocator async", "loglevel info"))),
+         judge_allocator),
+    Rule("memory-info", "TensorFlow's get_memory_info agrees with NVML", GPU, probes.MEMORY_INFO,
+         on_one_card(True, lambda gpu, total: Prepared((f"visible {gpu}", "growth on"),
+                                                       {"mib": share(total, 0.125, 256)})),
+         judge_memory_info),
+)
+
+NAMES = tuple(rule.name for rule in RULES)
+
+
+def _sized(gpu: str, total: int | None, part: float, most: int, directive: str) -> Prepared:
+    mib = share(total, part, most)
+    return Prepared((f"visible {gpu}", directive.format(mib=mib)), {"mib": mib})
+
+
+def _two_cards(machine: Machine) -> Prepared | str:
+    """`visible` with the two freest usable cards (one where there is one), in index order."""
+    why = no_gpu_here(machine, True)
+    if why:
+        return why
+    cards = sorted(usable_gpus(machine.inventory, machine.environ)[:2], key=lambda gpu: gpu.index)
+    return Prepared((f"visible {','.join(gpu.ref for gpu in cards)}",), {"uuids": [gpu.uuid for gpu in cards]})
