@@ -4,12 +4,14 @@ NVML through tests/fake_nvml.py; the shell is IPython's real display machinery."
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
-from fake_nvml import FakeNvml, four_gpus
+from fake_nvml import OTHER_PID, FakeNvml, four_gpus
 from fake_tf import FakeTF
 from IPython.core.formatters import DisplayFormatter
 
@@ -20,9 +22,7 @@ from tfgpu_magic.gpus import doctor
 from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog, Nvml, read_inventory
 from tfgpu_magic.language import directives
 from tfgpu_magic.tf import importhook
-from tfgpu_magic.tf.export import export
 from tfgpu_magic.views import results
-from tfgpu_magic.views.status import describe_status
 
 
 @pytest.fixture(autouse=True)
@@ -51,13 +51,27 @@ def test_every_action_directive_has_one_action():
 
 
 def test_status_is_one_result_with_text_and_html():
-    """The status text is the old text, and a notebook gets an HTML table alongside it."""
+    """The status text is the old text (the fake's four cards, this process on GPU 0), and a notebook
+    gets an HTML table alongside it."""
     ctl = make_controller()
     ctl.edit([ctl.parse("growth on"), ctl.parse("limit 2GB 0")])
     result = actions.status(ctl)
     sent = formats(result)
-    assert sent["text/plain"] == str(result) == describe_status(ctl)
-    assert str(result).startswith("TensorFlow: not imported\nPolicy:     growth on; limit 2048 MiB on GPU 0")
+    assert sent["text/plain"] == str(result) == f"""\
+TensorFlow: not imported
+Policy:     growth on; limit 2048 MiB on GPU 0
+Variables:  CUDA_DEVICE_ORDER=PCI_BUS_ID, TF_FORCE_GPU_ALLOW_GROWTH=true
+GPUs (NVML, driver 550.54.15, nvidia-smi numbering):
+  0  NVIDIA A100-SXM4-80GB  20480 / 81920 MiB used, 50% busy  GPU-0a6f8c2e…  bus 00000000:07:00.0
+       pid {os.getpid()}: 1024 MiB (this kernel)
+       pid {OTHER_PID}: 19456 MiB
+  1  NVIDIA A100-SXM4-80GB  1024 / 81920 MiB used, 30% busy  GPU-b1c2d3e4…  bus 00000000:0F:00.0
+  2  NVIDIA A100-SXM4-80GB  1024 / 81920 MiB used, 10% busy  GPU-b2d4f6a8…  bus 00000000:47:00.0
+  3  NVIDIA A100-SXM4-40GB  0 / 40960 MiB used  GPU-c3e5a7b9…  bus 00000000:4E:00.0
+       MIG MIG-5e6f7a8b-9c0d-5e1f-a2b3-c4d5e6f7a8b9  19968 MiB
+       MIG MIG-7a8b9c0d-1e2f-5a3b-c4d5-e6f7a8b9c0d1  9856 MiB
+Note: growth goes through TF_FORCE_GPU_ALLOW_GROWTH=true: TF refuses set_memory_growth on a limited
+      GPU"""
     html = sent["text/html"]
     assert "<table" in html and "growth on; limit 2048 MiB on GPU 0" in html
     assert "TF_FORCE_GPU_ALLOW_GROWTH=true" in html and "NVIDIA A100" in html
@@ -84,14 +98,50 @@ def test_html_escapes_what_the_environment_holds():
     assert "<b>0</b>" not in html and "&lt;b&gt;0&lt;/b&gt;" in html
 
 
+DOCTOR_REPORT = """\
+[FAIL] NVIDIA driver / NVML: no NVML here
+       fix: install the NVIDIA driver on the host (nvidia-smi must work), or start the container with GPUs (--gpus all)
+[FAIL] device nodes: no /dev/nvidia0, /dev/nvidia1, ... in this machine or container
+       fix: no GPU is attached here; in Docker start with --gpus all (NVIDIA Container Toolkit), in Kubernetes request nvidia.com/gpu
+[FAIL] TensorFlow: not installed for this kernel's Python (/opt/conda/bin/python3)
+       fix: /opt/conda/bin/python3 -m pip install tensorflow
+[  ok] Python: the kernel runs /opt/conda/bin/python3, the same as `python3` on PATH
+[  ok] CUDA_VISIBLE_DEVICES: not set: every GPU is visible
+[  ok] CUDA_DEVICE_ORDER: PCI_BUS_ID: TensorFlow's GPU numbers match nvidia-smi's
+[info] TensorFlow's GPUs: not listed yet (listing starts CUDA, after which CUDA_* settings are too late)
+       fix: run `tf.config.list_physical_devices('GPU')` after your policy, then doctor again
+
+TensorFlow has no GPU here because: NVIDIA driver / NVML: no NVML here; device nodes: no /dev/nvidia0, \
+/dev/nvidia1, ... in this machine or container; TensorFlow: not installed for this kernel's Python \
+(/opt/conda/bin/python3). Fix the first one first. `%tfgpu selftest` (in a terminal: `python -m tfgpu_magic \
+selftest`) proves, in fresh processes, that each setting of the policy takes effect here."""
+"""The doctor on the controller's facts (no NVML, CUDA_DEVICE_ORDER set) and a fixed machine: no device
+nodes, no TensorFlow."""
+
+
 def test_doctor_result_text_is_the_report_and_html_colours_verdicts(monkeypatch: pytest.MonkeyPatch):
+    """The machine's own facts are fixed (any machine gives the same report); the controller's
+    environment, inventory, policy and TensorFlow are what the doctor inspects."""
     ctl = make_controller(gpus=False)
+    ctl.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    inspected: list[tuple] = []
+
+    def fixed_machine(environ, inventory, policy, api, nvml=None) -> doctor.Machine:
+        inspected.append((environ, inventory, policy, api))
+        return doctor.Machine(environ, inventory, policy, api, tf_dir=None, tf_distribution=None, device_nodes=(),
+                              python="/opt/conda/bin/python3", path_python="/opt/conda/bin/python3",
+                              path_python_has_tf=True)
+
+    monkeypatch.setattr(doctor, "inspect_machine", fixed_machine)
     result = actions.doctor(ctl)
-    machine = doctor.inspect_machine(ctl.environ, ctl.inventory(), ctl.policy, ctl.api)
-    assert str(result) == doctor.report(machine)
+    assert len(inspected) == 1 and all(a is b for a, b in zip(inspected[0], (ctl.environ, ctl.inventory(), ctl.policy,
+                                                                          ctl.api)))
+    assert str(result) == formats(result)["text/plain"] == DOCTOR_REPORT
     html = formats(result)["text/html"]
-    assert "var(--jp-error-color1" in html  # no NVML here: a FAIL
-    assert "<th" in html and "NVIDIA driver / NVML" in html and "Fix the first one first." in html
+    assert html.count("color:var(--jp-error-color1, #d32f2f);font-weight:bold'>FAIL</td>") == 3
+    assert html.count("color:var(--jp-success-color1, #388e3c);font-weight:bold'>ok</td>") == 3
+    assert "<th style='text-align:left;vertical-align:top;padding:1px 8px 1px 0'>NVIDIA driver / NVML</th>" in html
+    assert "Fix the first one first.</p></div>" in html
 
 
 def test_show_prints_text_and_publishes_results(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch):
@@ -124,10 +174,19 @@ def test_show_prints_text_and_publishes_results(capsys: pytest.CaptureFixture, m
 
 
 def test_export_is_the_controllers_export():
+    """The controller's policy in the format asked for (python by default), without the final newline."""
     ctl = make_controller()
     ctl.edit([ctl.parse("split cpu 2")])
-    assert actions.export(ctl, None, "json") == export(ctl.policy, "json", ctl.export_plan()).rstrip("\n")
-    assert "LogicalDeviceConfiguration()] * 2" in actions.export(ctl)
+    assert actions.export(ctl, None, "json") == (
+        '{\n  "visible": null,\n  "growth": null,\n  "limits": {},\n  "splits": {},\n  "cpu_devices": 2,\n'
+        '  "allocator": null,\n  "loglevel": null\n}')
+    assert actions.export(ctl) == (
+        "# GPU policy exported by tfgpu_magic; run it before anything else touches TensorFlow.\n\n"
+        "import tensorflow as tf\n\n"
+        'cpus = tf.config.list_physical_devices("CPU")\n'
+        "tf.config.set_logical_device_configuration(\n"
+        "    cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2\n"
+        ")")
 
 
 def test_restart_offer_where_a_restart_is_possible(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
@@ -222,27 +281,47 @@ def test_a_kernel_gets_status_and_doctor_as_text_and_html():
         assert kernel.loaded_modules("tensorflow", "ipywidgets") == set()
 
 
-def test_the_panel_gets_the_same_restart_from_magic_and_python(monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.parametrize("route, label, clicks", [
+    ("frontend", "Keep for the next restart", ("restart_button",)),
+    ("server", "Restart kernel and apply", ("restart_button", "confirm_button")),
+], ids=["stores-only", "restarts-after-confirm"])
+def test_the_panel_gets_the_same_restart_from_magic_and_python(monkeypatch: pytest.MonkeyPatch, route: str, label: str,
+                                                               clicks: tuple[str, ...]):
     """`%tfgpu panel` and `tfgpu_magic.panel()` both open the panel through `actions.open_panel`:
-    its restart button stores the policy and restarts by the route `choose_route` picks."""
+    its restart button stores the policy and restarts by the route `choose_route` picks (a route that
+    restarts asks first; one that cannot stores at once)."""
     import tfgpu_magic
     from tfgpu_magic.jupyter import restart
 
     ctl = make_controller()
     ctl.edit([ctl.parse("split cpu 2")])
-    monkeypatch.setattr(restart, "choose_route", lambda shell: restart.Route("frontend", "test"))
-    monkeypatch.setattr(restart, "restart_and_apply", lambda shell, policy: f"stored {policy.cpu_devices}")
+    opened: list[tuple] = []
+    open_panel = actions.open_panel
+
+    def recorded(*args: Any) -> Any:
+        opened.append(args)
+        return open_panel(*args)
+
+    monkeypatch.setattr(actions, "open_panel", recorded)
+    monkeypatch.setattr(restart, "choose_route", lambda shell: restart.Route(route, "test"))
+    restarted: list[tuple] = []
+    monkeypatch.setattr(restart, "restart_and_apply",
+                        lambda shell, policy: (restarted.append((shell, policy)), f"stored {policy.cpu_devices}")[1])
     monkeypatch.setattr("IPython.display.display", lambda *values: None)
     monkeypatch.setattr("tfgpu_magic.get_controller", lambda: ctl)
     monkeypatch.setattr("IPython.get_ipython", lambda: None)  # no shell: no post_run_cell hook to register
     monkeypatch.setattr("tfgpu_magic.views.panel._open_panels", [])
     for panel in (actions.open_panel(ctl, None), tfgpu_magic.panel()):
         try:
-            assert panel.restart_button.description == "Keep for the next restart"
-            panel.restart_button.click()
-            assert panel.message == "stored 2"
+            assert panel.restart_button.description == label
+            for name in clicks:
+                assert restarted == [] and panel.message == ""
+                getattr(panel, name).click()
+            assert restarted == [(None, ctl.policy)] and panel.message == "stored 2"
+            restarted.clear()
         finally:
             panel.close()
+    assert opened == [(ctl, None), (ctl, None)]
     assert ctl.listeners == []
 
 

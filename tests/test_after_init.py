@@ -174,7 +174,7 @@ def test_html_of_every_result_has_no_backticks() -> None:
 
 # ----- §2.4: one "Recorded" per cell ---------------------------------------------------------------------
 @pytest.fixture
-def private_magic(shell, capsys) -> Iterator[Callable[[str], str]]:  # noqa: ANN001
+def private_magic(shell, capsys) -> Iterator[Callable[[str], str]]:
     """`%tfgpu` on the test shell over a controller of its own (an environment dict, no NVML); runs a
     whole cell and returns what it printed."""
     previous = shell.magics_manager.registry["TFGPUMagics"]
@@ -191,7 +191,7 @@ def private_magic(shell, capsys) -> Iterator[Callable[[str], str]]:  # noqa: ANN
     shell.register_magics(previous)
 
 
-def test_a_cell_of_three_directives_says_recorded_once(private_magic) -> None:  # noqa: ANN001
+def test_a_cell_of_three_directives_says_recorded_once(private_magic) -> None:
     """Was: "Recorded; the rest applies when TensorFlow is imported." three times."""
     out = private_magic("%tfgpu growth on\n%tfgpu limit 2GB\n%tfgpu split cpu 2")
     assert out.splitlines() == [
@@ -204,7 +204,7 @@ def test_a_cell_of_three_directives_says_recorded_once(private_magic) -> None:  
 
 
 # ----- §2.6: `%tfgpu?` stands on its own ---------------------------------------------------------------
-def test_help_points_nowhere_and_says_more_on_the_directives_that_need_it(shell, capsys) -> None:  # noqa: ANN001
+def test_help_points_nowhere_and_says_more_on_the_directives_that_need_it(shell, capsys) -> None:
     """Was: "(below)" six times, with nothing below."""
     shell.run_line_magic("pinfo", "%tfgpu")
     out = capsys.readouterr().out

@@ -174,7 +174,7 @@ def test_views_use_only_the_controllers_public_surface(module: str) -> None:
         ("ipywidgets", lambda name: name.startswith(f"{PACKAGE}.views.")),
     ],
 )
-def test_each_heavy_dependency_stays_in_its_room(dependency: str, allowed) -> None:  # noqa: ANN001
+def test_each_heavy_dependency_stays_in_its_room(dependency: str, allowed) -> None:
     users = importers_of(dependency)
     assert all(allowed(name) for name in users), f"{dependency} imported outside its room: {users}"
 

@@ -117,13 +117,13 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return screenshot_dir(os.environ, tmp_path_factory.mktemp("screenshots"))
 
 
-def save_screenshot(locator, directory: Path, name: str) -> None:  # noqa: ANN001
+def save_screenshot(locator, directory: Path, name: str) -> None:
     """A PNG of `locator` (the panel) as `directory / name`: it rendered, no wider than the page."""
     png = locator.screenshot(path=str(directory / name))
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and 0 < int.from_bytes(png[16:20], "big") <= VIEWPORT["width"]
 
 
-def assert_fits(page, cells_whole: bool = True, output=None) -> None:  # noqa: ANN001
+def assert_fits(page, cells_whole: bool = True, output=None) -> None:
     """The panel (or another `output`) fits the page as it is now (`FIT` says what would not)."""
     assert (output or panel_output(page)).evaluate(FIT, cells_whole) == []
 
@@ -163,7 +163,7 @@ def browser():
             chromium.close()
 
 
-def open_panel(browser, url: str, lab: bool = True):  # noqa: ANN001, ANN201
+def open_panel(browser, url: str, lab: bool = True):  # noqa: ANN201
     """A 1280×800 page on `url` whose notebook has run all cells and shows the panel; in JupyterLab
     (`lab`) with the file browser open in the left sidebar."""
     page = browser.new_page(viewport=VIEWPORT)
@@ -178,24 +178,24 @@ def open_panel(browser, url: str, lab: bool = True):  # noqa: ANN001, ANN201
 
 
 @pytest.fixture(scope="module")
-def page(lab: JupyterServer, browser):  # noqa: ANN001
+def page(lab: JupyterServer, browser):
     page = open_panel(browser, f"{lab.url}lab/tree/panel.ipynb?reset&token={lab.token}")
     yield page
     page.close()
 
 
-def panel_output(page):  # noqa: ANN001, ANN201
+def panel_output(page):  # noqa: ANN201
     """The output area showing the (last) panel: the one with the "live memory" box."""
     return page.locator(".jp-OutputArea-output").filter(has_text="live memory").last
 
 
-def set_cpu_devices(page, count: int) -> None:  # noqa: ANN001
+def set_cpu_devices(page, count: int) -> None:
     field = panel_output(page).locator(".widget-inline-hbox", has_text="CPU devices").locator("input")
     field.fill(str(count))
     field.press("Enter")
 
 
-def click_growth_and_cpus_then_apply(server: JupyterServer, page) -> None:  # noqa: ANN001
+def click_growth_and_cpus_then_apply(server: JupyterServer, page) -> None:
     """Growth on and two CPU devices in the panel, then Apply: TensorFlow in the kernel has them."""
     panel = panel_output(page)
     panel.locator(".widget-dropdown", has_text="Growth").locator("select").select_option("on")
@@ -210,7 +210,7 @@ def click_growth_and_cpus_then_apply(server: JupyterServer, page) -> None:  # no
         kernel.close()
 
 
-def test_clicks_apply_the_policy_in_the_kernel(lab: JupyterServer, page, shots: Path) -> None:  # noqa: ANN001
+def test_clicks_apply_the_policy_in_the_kernel(lab: JupyterServer, page, shots: Path) -> None:
     """Growth and a CPU split chosen in the panel, then Apply: TensorFlow has them; the panel with
     Apply's answer fits at 1280×800 beside the file browser."""
     click_growth_and_cpus_then_apply(lab, page)
@@ -218,7 +218,7 @@ def test_clicks_apply_the_policy_in_the_kernel(lab: JupyterServer, page, shots: 
     save_screenshot(panel_output(page), shots, "panel.png")
 
 
-def test_gpu_rows_line_up(lab: JupyterServer, browser, shots: Path) -> None:  # noqa: ANN001
+def test_gpu_rows_line_up(lab: JupyterServer, browser, shots: Path) -> None:
     """On the fake-GPU kernel (the fake NVML decides the four cards, the busy one and the MIG one)
     the rows form one table: each column starts at the same x in every row, no cell wraps onto a
     second line, GPU 0 marks this kernel's share; at 1280×800 beside the file browser every cell is
@@ -256,7 +256,7 @@ def test_gpu_rows_line_up(lab: JupyterServer, browser, shots: Path) -> None:  # 
         lab.request("DELETE", f"api/sessions/{notebook_session(lab, 'gpus.ipynb')['id']}")
 
 
-def test_notebook_7_panel_applies(browser, shots: Path) -> None:  # noqa: ANN001
+def test_notebook_7_panel_applies(browser, shots: Path) -> None:
     """The same clicks in Notebook 7 (the `notebook` package, /notebooks/<path>) reach TensorFlow."""
     pytest.importorskip("notebook", minversion="7")
     with isolated_jupyter("tfgpu-nb7-") as env:
@@ -272,7 +272,7 @@ def test_notebook_7_panel_applies(browser, shots: Path) -> None:  # noqa: ANN001
                 page.close()
 
 
-def test_locked_panel_restart_button_applies_in_a_fresh_kernel(lab: JupyterServer, page, shots: Path) -> None:  # noqa: ANN001
+def test_locked_panel_restart_button_applies_in_a_fresh_kernel(lab: JupyterServer, page, shots: Path) -> None:
     """After initialization a new split is pending; Restart + confirm gives a new kernel with it. The
     locked panel, and its confirmation buttons, fit at 1280×800 beside the file browser."""
     kernel_id = notebook_kernel_id(lab)

@@ -20,7 +20,7 @@ from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog, Nvml, read_i
 from tfgpu_magic.tf.envvars import NAMES as OUR_ENV
 
 
-def complete(shell, text: str) -> list[str]:  # noqa: ANN001
+def complete(shell, text: str) -> list[str]:
     """What Tab offers with the cursor at the end of `text`."""
     with provisionalcompleter():
         return sorted({c.text for c in shell.Completer.completions(text, len(text))})
@@ -47,11 +47,11 @@ def complete(shell, text: str) -> list[str]:  # noqa: ANN001
         ("%%tfgpu\nallocator a", ["async"]),
     ],
 )
-def test_completes_directives_and_closed_argument_sets(shell, text: str, offered: list[str]) -> None:  # noqa: ANN001
+def test_completes_directives_and_closed_argument_sets(shell, text: str, offered: list[str]) -> None:
     assert complete(shell, text) == offered
 
 
-def test_all_directives_on_an_empty_line_and_only_edits_in_a_cell(shell) -> None:  # noqa: ANN001
+def test_all_directives_on_an_empty_line_and_only_edits_in_a_cell(shell) -> None:
     from tfgpu_magic.language.directives import CELL_NAMES, NAMES
 
     assert complete(shell, "%tfgpu ") == sorted(NAMES)
@@ -59,11 +59,11 @@ def test_all_directives_on_an_empty_line_and_only_edits_in_a_cell(shell) -> None
 
 
 @pytest.mark.parametrize("text", ["x = gr", "%%tfgpu\n# gr", "print('%tfgpu gr')"])
-def test_offers_nothing_of_ours_elsewhere(shell, text: str) -> None:  # noqa: ANN001
+def test_offers_nothing_of_ours_elsewhere(shell, text: str) -> None:
     assert "growth" not in complete(shell, text)
 
 
-def test_gpu_indices_come_from_the_inventory(shell, monkeypatch) -> None:  # noqa: ANN001
+def test_gpu_indices_come_from_the_inventory(shell, monkeypatch) -> None:
     """With an NVML inventory (fake NVML, four GPUs), GPU arguments complete to its indices."""
     catalog = InventoryCatalog(read_inventory(Nvml(module=FakeNvml(four_gpus()))))
     controller = Controller(environ={}, catalog=catalog)
@@ -76,14 +76,14 @@ def test_gpu_indices_come_from_the_inventory(shell, monkeypatch) -> None:  # noq
         register_completer(shell, tfgpu_magic.get_controller)
 
 
-def test_registering_again_replaces_the_matcher(shell) -> None:  # noqa: ANN001
+def test_registering_again_replaces_the_matcher(shell) -> None:
     register_completer(shell, tfgpu_magic.get_controller)
     register_completer(shell, tfgpu_magic.get_controller)
     ours = [m for m in shell.Completer.custom_matchers if getattr(m, "matcher_identifier", "") == COMPLETER_ID]
     assert len(ours) == 1
 
 
-def test_without_inventory_no_indices_and_no_error(shell) -> None:  # noqa: ANN001
+def test_without_inventory_no_indices_and_no_error(shell) -> None:
     controller = Controller(environ={}, catalog=InventoryCatalog(Inventory(error="no NVML here")))
     register_completer(shell, lambda: controller)
     try:
@@ -92,7 +92,7 @@ def test_without_inventory_no_indices_and_no_error(shell) -> None:  # noqa: ANN0
         register_completer(shell, tfgpu_magic.get_controller)
 
 
-def test_lazy_attributes_are_in_dir(shell) -> None:  # noqa: ANN001
+def test_lazy_attributes_are_in_dir(shell) -> None:
     """`tfgpu_magic.conf<Tab>` offers `configure`, which loads on first use (PEP 562)."""
     assert {"configure", "Policy"} <= set(dir(tfgpu_magic))
     shell.run_cell("import tfgpu_magic")
@@ -113,7 +113,7 @@ print(json.dumps({"found": sorted(found), "heavy": [m for m in ("tensorflow", "p
 
 
 @pytest.mark.skipif(any(os.path.exists(p) for p in ("/proc/driver/nvidia", "/dev/nvidiactl")), reason="needs no driver")
-def test_completing_gpus_without_a_driver_imports_nothing_heavy(tmp_path) -> None:  # noqa: ANN001
+def test_completing_gpus_without_a_driver_imports_nothing_heavy(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in OUR_ENV}
     env["IPYTHONDIR"] = str(tmp_path)
     done = subprocess.run([sys.executable, "-c", TAB_PROBE], env=env, capture_output=True, text=True, timeout=60)

@@ -391,7 +391,7 @@ SCENARIOS += [
 
 
 @pytest.mark.parametrize("changes, differs, summary", SCENARIOS)
-def test_report_line_by_line(tf_dirs, changes: dict, differs: dict, summary: str | None) -> None:  # noqa: ANN001
+def test_report_line_by_line(tf_dirs, changes: dict, differs: dict, summary: str | None) -> None:
     """Every check line in order (verdict, name, detail, fix), then the closing sentence."""
     changes = dict(changes)
     machine = make_machine(tf_dirs, changes.pop("tf", "cuda"), **changes)
@@ -418,13 +418,13 @@ def test_report_line_by_line(tf_dirs, changes: dict, differs: dict, summary: str
         (("/dev/nvidia-caps", "/dev/nvidia12", "/dev/nvidiactl"), OK),
     ],
 )
-def test_device_nodes_need_a_numbered_node(tf_dirs, nodes: tuple[str, ...], verdict: str) -> None:  # noqa: ANN001
+def test_device_nodes_need_a_numbered_node(tf_dirs, nodes: tuple[str, ...], verdict: str) -> None:
     """Only /dev/nvidiaN proves a GPU is attached; control nodes alone do not."""
     checks = {c.name: c for c in doctor.run_checks(make_machine(tf_dirs, device_nodes=nodes))}
     assert checks["device nodes"].verdict == verdict
 
 
-def test_python_check_tells_a_venv_from_its_base(tf_dirs) -> None:  # noqa: ANN001
+def test_python_check_tells_a_venv_from_its_base(tf_dirs) -> None:
     """A venv's `python` is a symlink to the base interpreter, yet another environment (other packages):
     the check compares bin folders without resolving symlinks, so the two are told apart."""
     base = str(Path(sys.executable).resolve())
@@ -435,14 +435,14 @@ def test_python_check_tells_a_venv_from_its_base(tf_dirs) -> None:  # noqa: ANN0
     assert checks["Python"].verdict == INFO and f"`python3` on PATH is {base}" in checks["Python"].detail
 
 
-def test_python_check_without_python_on_path(tf_dirs) -> None:  # noqa: ANN001
+def test_python_check_without_python_on_path(tf_dirs) -> None:
     """No `python3` on PATH is not 'the same': the check says there is none, as information."""
     checks = {c.name: c for c in doctor.run_checks(make_machine(tf_dirs, path_python=None))}
     assert "the same as" not in checks["Python"].detail
     assert checks["Python"].verdict == INFO and "there is no `python3` on PATH" in checks["Python"].detail
 
 
-def test_python_check_same_bin_folder_is_the_same(tf_dirs) -> None:  # noqa: ANN001
+def test_python_check_same_bin_folder_is_the_same(tf_dirs) -> None:
     """`python3` on PATH next to the kernel's `python` (one bin folder) is the same environment."""
     machine = make_machine(tf_dirs, python="/srv/venv/bin/python", path_python="/srv/venv/bin/python3")
     check = {c.name: c for c in doctor.run_checks(machine)}["Python"]
@@ -592,7 +592,7 @@ def test_magic_doctor_and_visible_auto(shell: InteractiveShell, magic: Controlle
     assert magic.policy == Policy() and magic.environ == {}
 
 
-def test_without_driver_and_device_nodes_the_first_fix_is_the_driver(tf_dirs) -> None:  # noqa: ANN001
+def test_without_driver_and_device_nodes_the_first_fix_is_the_driver(tf_dirs) -> None:
     """The reported case: no driver, no /dev/nvidia*, tensorflow-cpu. The first failing check (the one
     "fix the first one first" points at) is the driver's, with the driver/container fix, not the
     reinstall of TensorFlow; the CPU-only build still fails, after the device nodes."""
@@ -604,7 +604,7 @@ def test_without_driver_and_device_nodes_the_first_fix_is_the_driver(tf_dirs) ->
     assert "pip uninstall tensorflow-cpu" in failed[2].fix
 
 
-def test_every_layer_failing_reads_in_dependency_order(tf_dirs) -> None:  # noqa: ANN001
+def test_every_layer_failing_reads_in_dependency_order(tf_dirs) -> None:
     """One machine broken at every layer the fakes can break at once: WSL1, no driver, no device nodes,
     a CUDA build missing a pip CUDA package, CUDA_VISIBLE_DEVICES hiding all, TensorFlow listing none.
     The failures come bottom-up, each before what depends on it."""
@@ -616,14 +616,14 @@ def test_every_layer_failing_reads_in_dependency_order(tf_dirs) -> None:  # noqa
                       "TensorFlow's GPUs"]
 
 
-def test_wsl2_gpu_counts_as_a_device_node(tf_dirs) -> None:  # noqa: ANN001
+def test_wsl2_gpu_counts_as_a_device_node(tf_dirs) -> None:
     """Under WSL2 the GPU arrives as /dev/dxg, not /dev/nvidiaN: that is not a missing GPU."""
     checks = {c.name: c for c in doctor.run_checks(make_machine(tf_dirs, device_nodes=("/dev/dxg",)))}
     assert checks["device nodes"].verdict == OK and "WSL2" in checks["device nodes"].detail
 
 
 @pytest.mark.parametrize("installed", [True, False])
-def test_doctor_suggests_nvidia_ml_py_only_when_missing(tf_dirs, installed: bool) -> None:  # noqa: ANN001
+def test_doctor_suggests_nvidia_ml_py_only_when_missing(tf_dirs, installed: bool) -> None:
     """No driver: the fix names the driver; `pip install nvidia-ml-py` only when it is not installed."""
     machine = make_machine(tf_dirs, inventory=NO_DRIVER, device_nodes=(), api=FakeAPI(0), nvml_binding=installed)
     [nvml] = [c for c in doctor.run_checks(machine) if c.name == "NVIDIA driver / NVML"]
@@ -643,7 +643,7 @@ def test_inspect_machine_finds_the_binding_without_importing_it(monkeypatch: pyt
     ((8, 0), "sm_80"), ((8, 6), "sm_80"), ((8, 9), "sm_89"), ((9, 0), "compute_90"), ((12, 0), "compute_90"),
     ((7, 5), "sm_70"), ((5, 2), None),
 ])
-def test_a_binary_runs_on_its_major_version_and_ptx_on_anything_newer(capability, covered) -> None:  # noqa: ANN001
+def test_a_binary_runs_on_its_major_version_and_ptx_on_anything_newer(capability, covered) -> None:
     """CUDA's rules: an sm_XY binary runs on X.Y and later minors of X; PTX compute_XY on X.Y and newer."""
     archs = doctor.parse_architectures(['sm_60', 'sm_70', 'sm_80', 'sm_89', 'compute_90'])
     assert doctor._covers(archs, capability) == covered
@@ -681,7 +681,7 @@ def test_a_card_nvml_cannot_tell_is_left_out() -> None:
     assert sorted(doctor.read_compute_capabilities(read_inventory(nvml), nvml)) == [0, 2, 3]
 
 
-def test_a_binding_without_the_capability_function_means_unknown(tf_dirs) -> None:  # noqa: ANN001
+def test_a_binding_without_the_capability_function_means_unknown(tf_dirs) -> None:
     """An nvidia-ml-py older than `nvmlDeviceGetCudaComputeCapability`: no capabilities, no
     architecture check, and the rest of the report as on a healthy machine (no AttributeError)."""
     nvml = Nvml(module=OlderBinding(FakeNvml(four_gpus()), {"nvmlDeviceGetCudaComputeCapability"}))
@@ -724,9 +724,31 @@ def test_cuda_packages_come_from_the_installed_metadata() -> None:
     packages = doctor.cuda_packages(distribution.split()[0])
     assert {"nvidia-cudnn-cu12", "nvidia-cublas-cu12", "nvidia-cuda-runtime-cu12"} <= set(packages)
     assert all(name.startswith("nvidia-") for name in packages)
-    for name, version in packages.items():
-        assert version == doctor._version(name)
     assert doctor.cuda_packages("no-such-distribution-anywhere") == {}
+
+
+def write_distribution(site: Path, name: str, version: str, *requires: str) -> None:
+    """An installed distribution as importlib.metadata finds it on sys.path: a `.dist-info` folder."""
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *(f"Requires-Dist: {r}" for r in requires)]
+    (info / "METADATA").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def test_cuda_packages_are_the_nvidia_requirements_of_the_extra_with_installed_versions(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A TensorFlow-like distribution whose `and-cuda` extra requires two nvidia packages (one
+    installed, one not) and a non-nvidia one; other extras and plain requirements do not count."""
+    write_distribution(tmp_path, "tfgpu-test-tensorflow", "2.99.0", "numpy>=1.26",
+                       'nvidia-tfgpu-test-cublas-cu12==12.5.3.2; extra == "and-cuda"',
+                       "nvidia-tfgpu-test-missing-cu12 (>=9.3); extra=='and-cuda'",
+                       'tensorrt==10.0; extra == "and-cuda"',
+                       'nvidia-tfgpu-test-nccl-cu12==2.21.5; extra == "other"')
+    write_distribution(tmp_path, "nvidia-tfgpu-test-cublas-cu12", "12.5.3.2")
+    write_distribution(tmp_path, "nvidia-tfgpu-test-nccl-cu12", "2.21.5")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert doctor.cuda_packages("tfgpu-test-tensorflow") == {
+        "nvidia-tfgpu-test-cublas-cu12": "12.5.3.2", "nvidia-tfgpu-test-missing-cu12": None}
 
 
 def test_the_loader_path_is_the_one_the_process_started_with(tmp_path: Path) -> None:
@@ -757,7 +779,7 @@ def test_loaded_cuda_libraries_from_a_maps_text() -> None:
 
 
 # ----- --json -------------------------------------------------------------------------------------
-def test_report_json_is_the_checks_as_data(tf_dirs) -> None:  # noqa: ANN001
+def test_report_json_is_the_checks_as_data(tf_dirs) -> None:
     checks = doctor.run_checks(make_machine(tf_dirs, **PIP))
     data = json.loads(doctor.report_json(checks))
     assert data == [{"check": c.name, "verdict": c.verdict, "detail": c.detail, "fix": c.fix} for c in checks]

@@ -722,7 +722,7 @@ def test_locked_allocator_variables_agree_between_message_and_status() -> None:
     ("7f00-7f01 r-xp 0 08:01 1 /usr/lib/libcudart.so.12\n7f02-7f03 r-xp 0 08:01 2 /usr/lib/libc.so.6\n", None),
     (None, None),
 ])
-def test_cuda_loaded_reads_the_process_maps(tmp_path, maps: str | None, says: str | None) -> None:  # noqa: ANN001
+def test_cuda_loaded_reads_the_process_maps(tmp_path, maps: str | None, says: str | None) -> None:
     """libcuda mapped means CUDA started; the runtime (libcudart) alone does not; no maps file: unknown."""
     from tfgpu_magic.tf.runtime import cuda_loaded
 
@@ -732,7 +732,7 @@ def test_cuda_loaded_reads_the_process_maps(tmp_path, maps: str | None, says: st
     assert cuda_loaded(str(path), driver=lambda: True) == says
 
 
-def test_cuda_loaded_skips_the_maps_without_a_driver_and_remembers_libcuda(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_cuda_loaded_skips_the_maps_without_a_driver_and_remembers_libcuda(tmp_path, monkeypatch) -> None:
     """No NVIDIA driver: CUDA cannot start, the maps are not read. Once libcuda was seen in this
     process's own maps, it is not read again (the driver library is never unloaded)."""
     from tfgpu_magic.tf import runtime

@@ -238,7 +238,7 @@ def test_cell_error_names_the_line(cell: str, expect: str) -> None:
 
 # ----- bad input --------------------------------------------------------------------------------
 @pytest.mark.parametrize("case", params("grammar"))
-def test_bad_line_is_one_line_policy_error(case) -> None:  # noqa: ANN001
+def test_bad_line_is_one_line_policy_error(case) -> None:
     """Each malformed or contradictory line raises PolicyError with one line naming the problem."""
     policy = apply_lines(*case.setup)
     with pytest.raises(PolicyError) as info:

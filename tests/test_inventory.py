@@ -142,7 +142,7 @@ def test_a_function_the_binding_lacks_means_unknown(name: str) -> None:
     ],
     ids=["memory", "utilization", "pci", "process"],
 )
-def test_fake_results_have_pynvml_fields(call, struct: str) -> None:  # noqa: ANN001
+def test_fake_results_have_pynvml_fields(call, struct: str) -> None:
     """The fake's result objects carry only fields the real ctypes structs have."""
     nvml = FakeNvml(four_gpus())
     nvml.nvmlInit()
@@ -193,7 +193,7 @@ def test_runs_without_nvidia_ml_py() -> None:
     ],
 )
 @pytest.mark.parametrize("text_as_bytes", [False, True], ids=["str", "bytes"])
-def test_reads_every_gpu(index, name, bus, total, used, free, busy, text_as_bytes) -> None:  # noqa: ANN001
+def test_reads_every_gpu(index, name, bus, total, used, free, busy, text_as_bytes) -> None:
     """Fields per GPU; bytes → whole MiB (rounded down); str or bytes text; MIG GPU: no utilization."""
     inventory = read(FakeNvml(four_gpus(), text_as_bytes=text_as_bytes))
     gpu = inventory.gpus[index]
@@ -247,7 +247,7 @@ UNKNOWN_FIELDS = [
 @pytest.mark.parametrize("function, extract, expected", UNKNOWN_FIELDS, ids=[c[0] for c in UNKNOWN_FIELDS])
 @pytest.mark.parametrize("code", [fake_nvml.NVML_ERROR_NOT_SUPPORTED, fake_nvml.NVML_ERROR_NO_PERMISSION,
                                   fake_nvml.NVML_ERROR_FUNCTION_NOT_FOUND])
-def test_failing_call_means_unknown(function, extract, expected, code) -> None:  # noqa: ANN001
+def test_failing_call_means_unknown(function, extract, expected, code) -> None:
     """An NVML error in one call makes its fields unknown; the rest of the inventory is still read."""
     inventory = read(FakeNvml(four_gpus(), fail={function: code}))
     assert inventory.available and len(inventory.gpus) == 4
@@ -281,7 +281,7 @@ def test_one_gpu_failing_keeps_the_others_and_their_numbers() -> None:
     ],
     ids=["driver-not-loaded", "library-not-found", "oserror"],
 )
-def test_init_failure_sets_error(init_error, says: str) -> None:  # noqa: ANN001
+def test_init_failure_sets_error(init_error, says: str) -> None:
     """nvmlInit failing: `Inventory.error` says why, no GPU, and nothing else is asked of NVML."""
     fake = FakeNvml(four_gpus(), init_error=init_error)
     inventory = read(fake)
@@ -432,7 +432,7 @@ def test_visible_auto_explains_unknown_utilization(catalog: InventoryCatalog) ->
     ],
     ids=["no-catalog", "no-nvml", "too-many", "zero"],
 )
-def test_visible_auto_refused(line: str, catalog, says: str) -> None:  # noqa: ANN001
+def test_visible_auto_refused(line: str, catalog, says: str) -> None:
     """`visible auto` needs a working inventory with enough GPUs."""
     with pytest.raises(PolicyError) as raised:
         parse_line(line, catalog)
@@ -467,7 +467,7 @@ def test_percent_of_each_card(catalog: InventoryCatalog, line: str, limits: tupl
     ],
     ids=["no-catalog", "no-nvml", "memory-unknown"],
 )
-def test_percent_needs_the_total(catalog, says: str) -> None:  # noqa: ANN001
+def test_percent_needs_the_total(catalog, says: str) -> None:
     """Without a card's total a percentage is a PolicyError that says so."""
     with pytest.raises(PolicyError) as raised:
         apply("limit 50%", catalog)
@@ -511,7 +511,7 @@ def test_one_mig_instance_with_a_gpu_accepted(catalog: InventoryCatalog) -> None
         ((MIG_UUIDS[0],), MIG_UUIDS[0], 0),
     ],
 )
-def test_uuid_and_index_map_to_one_tf_index(catalog, visible, ref: str, index: int | None) -> None:  # noqa: ANN001
+def test_uuid_and_index_map_to_one_tf_index(catalog, visible, ref: str, index: int | None) -> None:
     """A limit by UUID finds its TF index when `visible` lists indices, and vice versa (catalog aliases)."""
     aliases = catalog.uuid_to_index()
     assert tf_index(ref, None if visible is None else list(visible), aliases) == index

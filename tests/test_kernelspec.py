@@ -43,7 +43,7 @@ def jupyter(monkeypatch: pytest.MonkeyPatch) -> Iterator[JupyterEnv]:
 
 
 @pytest.fixture
-def kernelspec(shell, capsys) -> Runner:  # noqa: ANN001 (pytest fixtures)
+def kernelspec(shell, capsys) -> Runner:
     """Run `%tfgpu kernelspec ARGS`; what it printed."""
 
     def run(args: str) -> str:

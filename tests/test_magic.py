@@ -44,7 +44,7 @@ def new_controller(environ: dict | None = None) -> Controller:
 
 
 @pytest.fixture
-def make_magic(shell, tmp_path, monkeypatch) -> Iterator[Callable[..., Controller]]:  # noqa: ANN001
+def make_magic(shell, tmp_path, monkeypatch) -> Iterator[Callable[..., Controller]]:
     """Register fresh magics over a private controller (and profile dir); put the old ones back after."""
     previous = shell.magics_manager.registry["TFGPUMagics"]
     outside = {name: os.environ.get(name) for name in OUR_ENV}
@@ -63,12 +63,12 @@ def make_magic(shell, tmp_path, monkeypatch) -> Iterator[Callable[..., Controlle
 
 
 @pytest.fixture
-def controller(make_magic) -> Controller:  # noqa: ANN001
+def controller(make_magic) -> Controller:
     return make_magic()
 
 
 @pytest.fixture
-def tfgpu(shell, capsys) -> Callable[[str], str]:  # noqa: ANN001
+def tfgpu(shell, capsys) -> Callable[[str], str]:
     """Run `%tfgpu LINE`, return what it printed."""
 
     def run(line: str) -> str:
@@ -79,12 +79,12 @@ def tfgpu(shell, capsys) -> Callable[[str], str]:  # noqa: ANN001
     return run
 
 
-def test_load_ext_registers_line_and_cell_magic(shell) -> None:  # noqa: ANN001
+def test_load_ext_registers_line_and_cell_magic(shell) -> None:
     assert shell.find_line_magic("tfgpu") is not None
     assert shell.find_cell_magic("tfgpu") is not None
 
 
-def test_edit_updates_policy_environment_and_arms_hook(controller: Controller, tfgpu) -> None:  # noqa: ANN001
+def test_edit_updates_policy_environment_and_arms_hook(controller: Controller, tfgpu) -> None:
     out = tfgpu("growth on")
     assert controller.policy == Policy(growth=True)
     assert controller.environ == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
@@ -92,7 +92,7 @@ def test_edit_updates_policy_environment_and_arms_hook(controller: Controller, t
     assert importhook.is_armed()
 
 
-def test_status_shows_policy_and_tensorflow_state(controller: Controller, tfgpu) -> None:  # noqa: ANN001
+def test_status_shows_policy_and_tensorflow_state(controller: Controller, tfgpu) -> None:
     empty = tfgpu("")
     assert "TensorFlow: not imported" in empty
     assert "growth" not in empty
@@ -105,7 +105,7 @@ def test_status_shows_policy_and_tensorflow_state(controller: Controller, tfgpu)
     assert tfgpu("status") == out
 
 
-def test_export_prints_code_without_changing_anything(controller: Controller, tfgpu) -> None:  # noqa: ANN001
+def test_export_prints_code_without_changing_anything(controller: Controller, tfgpu) -> None:
     tfgpu("visible 1")
     tfgpu("growth on")
     before = (controller.policy, dict(controller.environ))
@@ -117,7 +117,7 @@ def test_export_prints_code_without_changing_anything(controller: Controller, tf
     assert (controller.policy, dict(controller.environ)) == before
 
 
-def test_cell_applies_every_line(shell, controller: Controller, capsys) -> None:  # noqa: ANN001
+def test_cell_applies_every_line(shell, controller: Controller, capsys) -> None:
     shell.run_cell_magic("tfgpu", "", "# shared box\n\ngrowth on\nlimit 1GB 0  # small card\nsplit cpu 2\n")
     assert controller.policy == Policy(growth=True, limits=(("0", 1024),), cpu_devices=2)
     assert controller.environ["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
@@ -137,7 +137,7 @@ def test_cell_applies_every_line(shell, controller: Controller, capsys) -> None:
         ("", "growth on\nlimit 1GB 0\nsplit 0 2x1GB\n", "the cell's result: GPU 0 has both a limit and a split"),
     ],
 )
-def test_bad_cell_changes_nothing(shell, controller: Controller, tfgpu, capsys, line, cell, expect) -> None:  # noqa: ANN001
+def test_bad_cell_changes_nothing(shell, controller: Controller, tfgpu, capsys, line, cell, expect) -> None:
     tfgpu("growth off")
     before = (controller.policy, dict(controller.environ))
     with pytest.raises(UsageError) as info:
@@ -148,7 +148,7 @@ def test_bad_cell_changes_nothing(shell, controller: Controller, tfgpu, capsys, 
 
 
 @pytest.mark.parametrize("case", params("magic"))
-def test_bad_line_is_usage_error_and_changes_nothing(controller: Controller, tfgpu, capsys, case) -> None:  # noqa: ANN001
+def test_bad_line_is_usage_error_and_changes_nothing(controller: Controller, tfgpu, capsys, case) -> None:
     for line in case.setup:
         tfgpu(line)
     before = (controller.policy, dict(controller.environ))
@@ -160,14 +160,14 @@ def test_bad_line_is_usage_error_and_changes_nothing(controller: Controller, tfg
     assert capsys.readouterr().out == ""
 
 
-def test_percent_error_says_why_there_is_no_inventory(controller: Controller, tfgpu) -> None:  # noqa: ANN001
+def test_percent_error_says_why_there_is_no_inventory(controller: Controller, tfgpu) -> None:
     with pytest.raises(UsageError) as info:
         tfgpu("limit 50%")
     assert NO_NVML in str(info.value)
 
 
 @pytest.mark.parametrize("line", ["--foo", "growth on --foo", "-x"])
-def test_unknown_option_is_usage_error(controller: Controller, tfgpu, line: str) -> None:  # noqa: ANN001
+def test_unknown_option_is_usage_error(controller: Controller, tfgpu, line: str) -> None:
     with pytest.raises(UsageError) as info:
         tfgpu(line)
     assert line.split()[-1] in str(info.value)
@@ -180,7 +180,7 @@ def test_unknown_option_is_usage_error(controller: Controller, tfgpu, line: str)
      ("kernelspec tf0 --display-name a --display-name=b", "--display-name"),
      ("who --shutdown k1 --shutdown k2 --yes", "--shutdown")],
 )
-def test_an_option_given_twice_is_one_line_error(controller: Controller, tfgpu, capsys, line: str,  # noqa: ANN001
+def test_an_option_given_twice_is_one_line_error(controller: Controller, tfgpu, capsys, line: str,
                                                  option: str) -> None:
     """Was accepted: `restart --yes --yes` restarted, `doctor --json --json` printed JSON."""
     with pytest.raises(UsageError) as info:
@@ -191,7 +191,7 @@ def test_an_option_given_twice_is_one_line_error(controller: Controller, tfgpu, 
 
 @pytest.mark.parametrize("name", ["\x1b[31mred\x1b[0m", "two\nlines", "bell\x07", "csi\x9b31m", "evil\u202egnp.exe",
                                   "isolate\u2066x\u2069", "line\u2028break"])
-def test_a_display_name_with_control_characters_is_refused(controller: Controller, tfgpu, monkeypatch,  # noqa: ANN001
+def test_a_display_name_with_control_characters_is_refused(controller: Controller, tfgpu, monkeypatch,
                                                            tmp_path, name: str) -> None:
     """Was accepted: an ANSI escape in the launcher's name. Nothing is installed."""
     monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))
@@ -213,7 +213,7 @@ GRAMMAR = [*(usage for directive in REGISTRY for usage in directive.usage), "(al
            "--display-name TEXT", "with restart: restart now"]
 
 
-def test_help_shows_the_grammar(shell, capsys) -> None:  # noqa: ANN001
+def test_help_shows_the_grammar(shell, capsys) -> None:
     shell.run_line_magic("pinfo", "%tfgpu")
     out = capsys.readouterr().out
     assert [form for form in GRAMMAR if form not in out] == []
@@ -221,7 +221,7 @@ def test_help_shows_the_grammar(shell, capsys) -> None:  # noqa: ANN001
 
 
 @pytest.fixture
-def load_with_config(shell, make_magic, monkeypatch, capsys):  # noqa: ANN001, ANN201
+def load_with_config(shell, make_magic, monkeypatch, capsys):  # noqa: ANN201
     """Load the extension into a shell whose config sets `TFGPUMagics.default_policy`."""
 
     def load(default_policy: list[str]) -> tuple[Controller, str, str]:
@@ -237,7 +237,7 @@ def load_with_config(shell, make_magic, monkeypatch, capsys):  # noqa: ANN001, A
     return load
 
 
-def test_configured_default_policy_applies_at_load(load_with_config, tfgpu) -> None:  # noqa: ANN001
+def test_configured_default_policy_applies_at_load(load_with_config, tfgpu) -> None:
     controller, out, err = load_with_config(["growth on", "split cpu 2"])
     assert controller.policy == Policy(growth=True, cpu_devices=2)
     assert controller.environ["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
@@ -246,7 +246,7 @@ def test_configured_default_policy_applies_at_load(load_with_config, tfgpu) -> N
 
 
 @pytest.mark.parametrize("default", [["growth maybe"], ["growth on", "limit 0"], ["status"]])
-def test_invalid_default_policy_is_one_line_and_ignored(load_with_config, tfgpu, default) -> None:  # noqa: ANN001
+def test_invalid_default_policy_is_one_line_and_ignored(load_with_config, tfgpu, default) -> None:
     controller, out, err = load_with_config(default)
     assert out == ""
     assert err.startswith("tfgpu_magic: ignoring the configured default_policy: ") and len(err.splitlines()) == 1
@@ -254,7 +254,7 @@ def test_invalid_default_policy_is_one_line_and_ignored(load_with_config, tfgpu,
     assert "not imported" in tfgpu("")  # the magic still works
 
 
-def test_reset_restores_variables_the_tool_changed(make_magic, tfgpu) -> None:  # noqa: ANN001
+def test_reset_restores_variables_the_tool_changed(make_magic, tfgpu) -> None:
     outside = {"TF_GPU_ALLOCATOR": "foo", "CUDA_VISIBLE_DEVICES": "3", "HOME": "/home/me"}
     controller = make_magic(dict(outside))
     tfgpu("allocator async")
@@ -267,7 +267,7 @@ def test_reset_restores_variables_the_tool_changed(make_magic, tfgpu) -> None:  
     assert controller.environ == outside
 
 
-def test_allocator_bfc_unsets_then_reset_restores(make_magic, tfgpu) -> None:  # noqa: ANN001
+def test_allocator_bfc_unsets_then_reset_restores(make_magic, tfgpu) -> None:
     controller = make_magic({"TF_GPU_ALLOCATOR": "foo"})
     tfgpu("allocator bfc")
     assert "TF_GPU_ALLOCATOR" not in controller.environ
@@ -294,7 +294,7 @@ print(json.dumps(seen))
 """
 
 
-def test_load_ext_imports_nothing_heavy(tmp_path) -> None:  # noqa: ANN001
+def test_load_ext_imports_nothing_heavy(tmp_path) -> None:
     """In a fresh process: loading and editing import no TensorFlow, ipywidgets or NVML; the status no
     TensorFlow or ipywidgets."""
     env = {k: v for k, v in os.environ.items() if k not in OUR_ENV}
@@ -321,7 +321,7 @@ out until it is known to be harmless); the fuzz leaves them to their own tests."
 
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(line=directive_lines())
-def test_fuzzed_line_is_a_policy_or_a_usage_error(make_magic, shell, line: str) -> None:  # noqa: ANN001
+def test_fuzzed_line_is_a_policy_or_a_usage_error(make_magic, shell, line: str) -> None:
     """Random and mutated lines: either the magic accepts them (a valid policy) or it raises a
     UsageError, and then the policy and the environment are exactly as before."""
     try:
@@ -350,7 +350,7 @@ def test_fuzzed_line_is_a_policy_or_a_usage_error(make_magic, shell, line: str) 
         ("kernelspec k --display-name T --remove", "makes no sense with --remove"),
     ],
 )
-def test_kernelspec_option_mistakes(controller: Controller, tfgpu, line: str, says: str) -> None:  # noqa: ANN001
+def test_kernelspec_option_mistakes(controller: Controller, tfgpu, line: str, says: str) -> None:
     """An option where a value belongs, or two options that contradict, is a one-line UsageError."""
     with pytest.raises(UsageError, match=says):
         tfgpu(line)
@@ -358,7 +358,7 @@ def test_kernelspec_option_mistakes(controller: Controller, tfgpu, line: str, sa
 
 # ----- hostile lines (issue 9 §7–§11) -------------------------------------------------------------
 @pytest.mark.parametrize("line", HOSTILE, ids=lambda line: line if len(line) <= 40 else f"{line[:30]}…({len(line)})")
-def test_hostile_line_is_one_short_usage_error(shell, make_magic, tfgpu, capsys, line: str) -> None:  # noqa: ANN001
+def test_hostile_line_is_one_short_usage_error(shell, make_magic, tfgpu, capsys, line: str) -> None:
     """Each hostile line of the adversarial replay: one UsageError, one short line, at once, and the
     policy, the controller's environment and os.environ as before."""
     controller = make_magic({"TF_GPU_ALLOCATOR": "user-value"})
@@ -376,7 +376,7 @@ def test_hostile_line_is_one_short_usage_error(shell, make_magic, tfgpu, capsys,
 
 
 @pytest.mark.parametrize("line", HUGE_NUMBERS[:5] + NON_ASCII[:3] + HASH_IN_WORD[:1])
-def test_hostile_line_in_a_cell_names_the_line(shell, controller: Controller, line: str) -> None:  # noqa: ANN001
+def test_hostile_line_in_a_cell_names_the_line(shell, controller: Controller, line: str) -> None:
     with pytest.raises(UsageError) as info:
         shell.run_cell_magic("tfgpu", "", f"growth on\n{line}\n")
     assert str(info.value).startswith("line 2: ") and len(str(info.value)) < 300
@@ -384,7 +384,7 @@ def test_hostile_line_in_a_cell_names_the_line(shell, controller: Controller, li
 
 
 @pytest.mark.parametrize("directives", [(f"visible {HUGE}",), ("growth on", f"split cpu {HUGE}"), ("limit ４GB",)])
-def test_configure_raises_policy_error_for_hostile_lines(monkeypatch, directives: tuple) -> None:  # noqa: ANN001
+def test_configure_raises_policy_error_for_hostile_lines(monkeypatch, directives: tuple) -> None:
     controller = new_controller()
     monkeypatch.setattr(tfgpu_magic.controller, "get_controller", lambda: controller)
     with pytest.raises(PolicyError) as info:
@@ -394,7 +394,7 @@ def test_configure_raises_policy_error_for_hostile_lines(monkeypatch, directives
 
 
 @pytest.mark.parametrize("given", [["growth", "on"], None, 5, b"growth on"])
-def test_configure_names_its_argument_type(monkeypatch, given: object) -> None:  # noqa: ANN001
+def test_configure_names_its_argument_type(monkeypatch, given: object) -> None:
     """A list, None, a number or bytes is a clear TypeError about configure()'s arguments, not a
     shlex or len() error from deep inside; nothing changes."""
     controller = new_controller()
@@ -406,7 +406,7 @@ def test_configure_names_its_argument_type(monkeypatch, given: object) -> None: 
     assert controller.policy == Policy() and controller.environ == {}
 
 
-def test_lines_are_not_variable_expanded(shell, controller: Controller, tfgpu) -> None:  # noqa: ANN001
+def test_lines_are_not_variable_expanded(shell, controller: Controller, tfgpu) -> None:
     """`$name` / `{expr}` stay as typed (`no_var_expand`): no directive uses them, and IPython's
     expansion of a long line took minutes before the magic ran."""
     shell.user_ns["gpu"] = "0"
@@ -418,7 +418,7 @@ def test_lines_are_not_variable_expanded(shell, controller: Controller, tfgpu) -
 
 
 # ----- messages -------------------------------------------------------------------------------------
-def test_reset_says_what_it_cleared_and_restored(make_magic, tfgpu) -> None:  # noqa: ANN001
+def test_reset_says_what_it_cleared_and_restored(make_magic, tfgpu) -> None:
     make_magic({"CUDA_VISIBLE_DEVICES": "3"})
     tfgpu("visible 0,1")
     out = tfgpu("reset")
@@ -427,7 +427,7 @@ def test_reset_says_what_it_cleared_and_restored(make_magic, tfgpu) -> None:  # 
     assert "No variable needed restoring." in tfgpu("reset")
 
 
-def test_apply_before_import_says_there_is_nothing_to_apply_yet(controller: Controller, tfgpu) -> None:  # noqa: ANN001
+def test_apply_before_import_says_there_is_nothing_to_apply_yet(controller: Controller, tfgpu) -> None:
     tfgpu("split cpu 2")
     out = tfgpu("apply")
     assert out.strip() == (
@@ -436,7 +436,7 @@ def test_apply_before_import_says_there_is_nothing_to_apply_yet(controller: Cont
 
 
 @pytest.fixture
-def locked(make_magic, shell) -> Controller:  # noqa: ANN001
+def locked(make_magic, shell) -> Controller:
     """Magics over a fake TensorFlow whose runtime is initialized (every device setting locked)."""
     from fake_tf import FakeTF
 
@@ -448,7 +448,7 @@ def locked(make_magic, shell) -> Controller:  # noqa: ANN001
     return controller
 
 
-def test_locked_hint_in_terminal_ipython_skips_restart(locked: Controller, shell, tfgpu) -> None:  # noqa: ANN001
+def test_locked_hint_in_terminal_ipython_skips_restart(locked: Controller, shell, tfgpu) -> None:
     """Terminal IPython (no kernel) cannot run `%tfgpu restart`: the hint says how to get there instead."""
     assert getattr(shell, "kernel", None) is None
     out = tfgpu("split cpu 2")
@@ -457,12 +457,12 @@ def test_locked_hint_in_terminal_ipython_skips_restart(locked: Controller, shell
     assert "Nothing else was applied." not in out  # nothing was applied or tried
 
 
-def test_locked_hint_in_a_kernel_offers_restart(locked: Controller, shell, tfgpu, monkeypatch) -> None:  # noqa: ANN001
+def test_locked_hint_in_a_kernel_offers_restart(locked: Controller, shell, tfgpu, monkeypatch) -> None:
     monkeypatch.setattr(shell, "kernel", object(), raising=False)
     assert "Run `%tfgpu restart`" in tfgpu("split cpu 2")
 
 
-def test_bare_status_without_gpus_reads_at_a_glance(controller: Controller, tfgpu) -> None:  # noqa: ANN001
+def test_bare_status_without_gpus_reads_at_a_glance(controller: Controller, tfgpu) -> None:
     assert tfgpu("").splitlines() == [
         "TensorFlow: not imported",
         "Policy:     none (TensorFlow defaults)",
@@ -471,13 +471,13 @@ def test_bare_status_without_gpus_reads_at_a_glance(controller: Controller, tfgp
     ]
 
 
-def test_limit_on_every_gpu_and_one_gpu_is_one_phrase(controller: Controller, tfgpu) -> None:  # noqa: ANN001
+def test_limit_on_every_gpu_and_one_gpu_is_one_phrase(controller: Controller, tfgpu) -> None:
     tfgpu("limit 4GB")
     tfgpu("limit 1GB 0")
     assert "Policy:     limit 1024 MiB on GPU 0, 4096 MiB on every other visible GPU" in tfgpu("")
 
 
-def test_unknown_option_gets_a_suggestion(controller: Controller, tfgpu) -> None:  # noqa: ANN001
+def test_unknown_option_gets_a_suggestion(controller: Controller, tfgpu) -> None:
     with pytest.raises(UsageError, match="unknown option '--yse'; did you mean `--yes`"):
         tfgpu("restart --yse")
 
@@ -488,7 +488,7 @@ def test_unknown_option_gets_a_suggestion(controller: Controller, tfgpu) -> None
     ["limit 1GB 1\nvisible 0,1\n", "visible 0,1\nlimit 1GB 1\n", "split 0 2x1GB\nlimit off 0\n",
      "visible none\nvisible 0\nlimit 1GB 0\n"],
 )
-def test_cell_lines_may_come_in_any_order(shell, controller: Controller, tfgpu, cell: str) -> None:  # noqa: ANN001
+def test_cell_lines_may_come_in_any_order(shell, controller: Controller, tfgpu, cell: str) -> None:
     """Only the cell's result is validated: from `visible 0`, `limit 1GB 1` then `visible 0,1` passes."""
     tfgpu("visible 0")
     if "limit off 0" in cell:
@@ -498,14 +498,14 @@ def test_cell_lines_may_come_in_any_order(shell, controller: Controller, tfgpu, 
     assert controller.policy.limits or controller.policy.splits
 
 
-def test_invalid_cell_result_says_it_concerns_the_result(shell, controller: Controller, tfgpu) -> None:  # noqa: ANN001
+def test_invalid_cell_result_says_it_concerns_the_result(shell, controller: Controller, tfgpu) -> None:
     tfgpu("visible 0")
     with pytest.raises(UsageError, match=r"^the cell's result: GPU 1 has a limit or split but is not visible"):
         shell.run_cell_magic("tfgpu", "", "visible 0,1\nlimit 1GB 1\nvisible 0\n")
     assert controller.policy == Policy(visible=("0",))
 
 
-def test_configure_validates_only_the_result(monkeypatch) -> None:  # noqa: ANN001
+def test_configure_validates_only_the_result(monkeypatch) -> None:
     controller = new_controller()
     monkeypatch.setattr(tfgpu_magic.controller, "get_controller", lambda: controller)
     tfgpu_magic.configure("visible 0")
@@ -514,7 +514,7 @@ def test_configure_validates_only_the_result(monkeypatch) -> None:  # noqa: ANN0
     importhook.disarm()
 
 
-def test_loglevel_through_the_magic(shell, controller: Controller, tfgpu) -> None:  # noqa: ANN001
+def test_loglevel_through_the_magic(shell, controller: Controller, tfgpu) -> None:
     """`loglevel` in a cell and as a line, in the status and the JSON export; a typo changes nothing."""
     shell.run_cell_magic("tfgpu", "", "loglevel warning\ngrowth on\n")
     assert controller.policy == Policy(growth=True, loglevel="warning")

@@ -10,11 +10,13 @@ figures. The frame-release mechanics run on the real in-process IPython shell.
 
 from __future__ import annotations
 
+import io
 import re
 import sys
 import traceback
+import weakref
 from types import SimpleNamespace
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 from fake_memory import FakeMemory
@@ -147,10 +149,40 @@ def test_the_cells_own_namespace_is_not_cleared(ipshell) -> None:
     assert ipshell.user_ns["kept"] == [1, 2, 3]
 
 
-def test_the_hook_ignores_other_errors_and_successes() -> None:
-    hook = oom.OomHook(controller=None)  # type: ignore[arg-type] (never reached)
-    hook(SimpleNamespace(error_in_exec=MemoryError("not TensorFlow's")))
+def raised_in_a_frame(error: BaseException) -> tuple[BaseException, Callable[[], object]]:
+    """`error` as raised by a function whose frame alone holds an object; the error, and a weakref
+    to that object (dead once that frame is cleared)."""
+    refs: list[Callable[[], object]] = []
+
+    class Held:
+        pass
+
+    def step() -> None:
+        held = Held()
+        refs.append(weakref.ref(held))
+        raise error
+
+    try:
+        step()
+    except BaseException as raised:  # noqa: BLE001 (any error: the one given)
+        return raised, refs[0]
+    raise AssertionError("step() did not raise")
+
+
+def test_the_hook_ignores_other_errors_and_successes(tensorflow_errors: type[Exception]) -> None:
+    """Armed (TensorFlow's `ResourceExhaustedError` exists), the hook prints nothing and clears no
+    frame after a cell that succeeded or one that raised Python's own `MemoryError`, even worded as
+    TensorFlow's OOM; the same hook explains and releases TensorFlow's OOM, so its silence is a choice."""
+    out = io.StringIO()
+    hook = oom.OomHook(Controller(environ={}), out=out)
     hook(SimpleNamespace(error_in_exec=None))
+    other, held = raised_in_a_frame(MemoryError(GPU_OOM))
+    hook(SimpleNamespace(error_in_exec=other))
+    assert out.getvalue() == "" and held() is not None
+    error, held = raised_in_a_frame(tensorflow_errors(parse_message_cpu()))
+    hook(SimpleNamespace(error_in_exec=error))
+    assert out.getvalue().startswith("tfgpu: TensorFlow ran out of memory on CPU:0: it asked for 1.0 TiB")
+    assert held() is None and "released what only the failed cell's frames held" in out.getvalue()
 
 
 # ----- cuDNN / cuBLAS start-up failures, on the real in-process shell ------------------------------

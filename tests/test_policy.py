@@ -14,11 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fake_tf import FakeTF, GpuInForce, InForce
+
 from tfgpu_magic.errors import PolicyError
 from tfgpu_magic.tf.export import export
 from tfgpu_magic.language.directives import REGISTRY
 from tfgpu_magic.language.grammar import parse_line
 from tfgpu_magic.tf.plan import build_plan
+from tfgpu_magic.tf.runtime import LogicalSpec
 from tfgpu_magic.language.policy import Policy, sort_gpu_items
 
 GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"
@@ -271,28 +274,26 @@ def test_after_cuda_started_visible_goes_through_tf_config() -> None:
 
 
 # ----- export -----------------------------------------------------------------------------------
-class FakeTF:
-    """Just enough of `tensorflow` to run exported code; records the device calls."""
-
-    def __init__(self, gpus: int) -> None:
-        self.logical: dict[str, list] = {}
-        self.growth: dict[str, bool] = {}
-        devices = {"GPU": [f"GPU:{i}" for i in range(gpus)], "CPU": ["CPU:0"]}
-        self.config = SimpleNamespace(
-            list_physical_devices=lambda kind: list(devices[kind]),
-            get_logical_device_configuration=self.logical.get,
-            set_logical_device_configuration=lambda device, configs: self.logical.__setitem__(device, list(configs)),
-            LogicalDeviceConfiguration=lambda memory_limit=None: memory_limit,
-            experimental=SimpleNamespace(set_memory_growth=self.growth.__setitem__),
-        )
+def tensorflow_over(fake: FakeTF) -> SimpleNamespace:
+    """The `tensorflow` names an exported script calls, each one tests/fake_tf.py's `FakeTF` method
+    with TensorFlow's rules (CUDA reads `CUDA_VISIBLE_DEVICES` at the first listing; growth and a
+    virtual configuration exclude each other; settings lock at initialization)."""
+    return SimpleNamespace(config=SimpleNamespace(
+        list_physical_devices=fake.devices,
+        get_logical_device_configuration=fake.get_logical,
+        set_logical_device_configuration=fake.set_user_logical,
+        LogicalDeviceConfiguration=LogicalSpec,
+        experimental=SimpleNamespace(set_memory_growth=fake.set_growth),
+    ))
 
 
 def run_exported(policy: Policy, gpus: int, environ: dict, monkeypatch: pytest.MonkeyPatch) -> FakeTF:
-    """Run `export(policy, "python")` against a fake TF with `gpus` GPUs and `environ` as os.environ."""
+    """Run `export(policy, "python")` in a process with `gpus` GPUs (tests/fake_tf.py) and `environ` as
+    os.environ; the fake TensorFlow it configured, not yet initialized."""
     code = compile(export(policy, "python"), "<export>", "exec")
-    fake = FakeTF(gpus)
+    fake = FakeTF(gpus, environ=environ)
     with monkeypatch.context() as patch:
-        patch.setitem(sys.modules, "tensorflow", fake)
+        patch.setitem(sys.modules, "tensorflow", tensorflow_over(fake))
         patch.setattr(os, "environ", environ)
         exec(code, {})
     return fake
@@ -304,34 +305,34 @@ PCI = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 @pytest.mark.parametrize(
-    "lines, gpus, env, logical, growth",
+    "lines, gpus, env, in_force",
     [
-        ((), 1, LEFTOVER, {}, {}),
-        (("growth on",), 2, PCI, {}, {"GPU:0": True, "GPU:1": True}),
-        (("growth off",), 1, PCI, {}, {"GPU:0": False}),
+        ((), 1, LEFTOVER, InForce((GpuInForce(0, False, None),), cpus=1)),
+        (("growth on",), 2, PCI, InForce((GpuInForce(0, True, None), GpuInForce(1, True, None)), cpus=1)),
+        (("growth off",), 1, PCI, InForce((GpuInForce(0, False, None),), cpus=1)),
         (
             ("visible 2,3", "limit 1GB 3", "growth on"),
-            2,
+            4,
             {**PCI, "CUDA_VISIBLE_DEVICES": "2,3", GROWTH_ENV: "true"},
-            {"GPU:1": [1024]},
-            {},
+            InForce((GpuInForce(2, True, None), GpuInForce(3, True, (1024,))), cpus=1),
         ),
         (("limit 512MB", "split 1 2x256MB"), 3, {**LEFTOVER, **PCI},
-         {"GPU:0": [512], "GPU:1": [256, 256], "GPU:2": [512]}, {}),
-        (("split cpu 3",), 0, LEFTOVER, {"CPU:0": [None, None, None]}, {}),
-        (("visible none", "allocator async"), 0,
-         {**LEFTOVER, **PCI, "CUDA_VISIBLE_DEVICES": "", "TF_GPU_ALLOCATOR": "cuda_malloc_async"}, {}, {}),
+         InForce((GpuInForce(0, False, (512,)), GpuInForce(1, False, (256, 256)), GpuInForce(2, False, (512,))), cpus=1)),
+        (("split cpu 3",), 0, LEFTOVER, InForce((), cpus=3)),
+        (("visible none", "allocator async"), 2,
+         {**LEFTOVER, **PCI, "CUDA_VISIBLE_DEVICES": "", "TF_GPU_ALLOCATOR": "cuda_malloc_async"}, InForce((), cpus=1)),
     ],
 )
 def test_exported_python_realises_the_policy(
-    lines: tuple, gpus: int, env: dict, logical: dict, growth: dict, monkeypatch: pytest.MonkeyPatch
+    lines: tuple, gpus: int, env: dict, in_force: InForce, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The script sets the variables and makes the tf.config calls the plan asks for, nothing else."""
+    """The script sets the variables and makes the tf.config calls the plan asks for: once TensorFlow
+    initializes, each visible card (nvidia-smi index) runs with the growth and the limits the policy
+    names, and the CPU with its logical devices."""
     environ = dict(LEFTOVER)
     fake = run_exported(policy_of(*lines), gpus, environ, monkeypatch)
     assert environ == env
-    assert fake.logical == logical
-    assert fake.growth == growth
+    assert fake.initialize() == in_force
 
 
 def test_exported_python_starts_with_the_header() -> None:

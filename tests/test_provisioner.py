@@ -8,7 +8,11 @@ they get is checked from inside them, real TensorFlow (CPU) included.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import os
+import subprocess
 import sys
 import threading
 from importlib.metadata import entry_points
@@ -178,6 +182,103 @@ def test_the_pick_and_its_record_are_one_step_under_the_lock(env: JupyterEnv, mo
     for thread in threads:
         thread.join(30)
     assert sorted(picked) == sorted(UUIDS * 2)
+
+
+OLD_SERVER = """
+import asyncio, json, os, sys
+sys.path.insert(0, {tests!r})
+from fake_nvml import FakeNvml, four_gpus
+from tfgpu_magic.gpus.inventory import Nvml, read_inventory
+from tfgpu_magic.jupyter import provisioner
+from tfgpu_magic.language.policy import Policy
+provisioner.read_inventory = lambda: read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False))))
+launcher = provisioner.TFGPUProvisioner(kernel_id="k-saved", policy=Policy(growth=True).to_dict(), visible="auto")
+launcher.resolve()
+launcher.pid = os.getppid()  # its kernel, which outlives this server: the test process stands for it
+asyncio.run(launcher.post_launch())
+print(json.dumps(asyncio.run(launcher.get_provisioner_info())))
+"""
+"""A server process that launches kernel k-saved with `visible auto` (fake NVML), prints the
+provisioner info it would save, and exits."""
+
+
+def test_a_saved_pick_comes_back_in_a_new_provisioner(env: JupyterEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server that picked GPU 2 saved its provisioner info (as JSON) and is gone; the kernel runs
+    on. A new provisioner loads that info: the same pick without reading the inventory again, the
+    reservation live again (this process its launcher), so the next launch gets another card; a
+    restart keeps the pick; the kernel's end removes the record."""
+    run = subprocess.run([sys.executable, "-c", OLD_SERVER.format(tests=str(Path(__file__).parent))],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr
+    saved = json.loads(run.stdout)
+    assert reservations.current(env.runtime_dir) == []  # its launcher has ended: the record no longer counts
+
+    def no_second_pick() -> Inventory:
+        raise AssertionError("the restored provisioner read the inventory again")
+
+    monkeypatch.setattr(provisioner, "read_inventory", no_second_pick)
+    restored = provisioner.TFGPUProvisioner(policy=Policy(growth=True).to_dict(), visible="auto")
+    asyncio.run(restored.load_provisioner_info(saved))
+    assert (restored.kernel_id, restored.pid) == ("k-saved", os.getpid())
+    assert restored.resolve() == (Policy(growth=True, visible=(UUIDS[2],)), None)
+    [live] = reservations.current(env.runtime_dir)
+    assert (live.kernel_id, live.gpus, live.launcher_pid, live.kernel_pid) == ("k-saved", (UUIDS[2],), os.getpid(),
+                                                                               os.getpid())
+    assert live.why.startswith("auto picked GPU 2 (")
+    inventory = read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False))))
+    assert reservations.reserve("k-next", 1, inventory, env.runtime_dir).gpus == (UUIDS[1],)
+    asyncio.run(restored.cleanup(restart=True))
+    assert restored.resolve() == (Policy(growth=True, visible=(UUIDS[2],)), None)
+    assert reservations.path_for("k-saved", env.runtime_dir).exists()
+    asyncio.run(restored.cleanup(restart=False))
+    assert [r.kernel_id for r in reservations.current(env.runtime_dir)] == ["k-next"]
+    assert not reservations.path_for("k-saved", env.runtime_dir).exists()
+
+
+def test_a_saved_warning_comes_back_without_a_reservation(env: JupyterEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch without NVML: every GPU visible and the warning; both come back from the saved info."""
+    _fake(Inventory(error="NVML unavailable: no NVIDIA driver here"), monkeypatch)
+    launcher = provisioner.TFGPUProvisioner(kernel_id="k1", policy=Policy(cpu_devices=2).to_dict(), visible="auto")
+    launcher.resolve()
+    saved = json.loads(json.dumps(asyncio.run(launcher.get_provisioner_info())))
+    assert saved[provisioner.INFO_KEY]["reservation"] is None
+    _fake(read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False)))), monkeypatch)  # NVML back: no new pick
+    restored = provisioner.TFGPUProvisioner(visible="auto")
+    asyncio.run(restored.load_provisioner_info(saved))
+    assert restored.resolve() == (Policy(cpu_devices=2), "visible auto: no GPU inventory at launch (NVML unavailable: "
+                                  "no NVIDIA driver here); the kernel starts with the GPUs it inherits")
+    assert reservations.current(env.runtime_dir) == []
+
+
+BASE_INFO = {"kernel_id": "k1", "connection_info": {}, "pid": None, "pgid": None, "ip": None}
+"""What `LocalProvisioner.get_provisioner_info` saves for a kernel not launched."""
+
+
+@pytest.mark.parametrize("pick", [
+    None,
+    {"policy": {"growth": "yes"}, "warning": None, "reservation": None},
+    {"policy": None, "warning": None, "reservation": {"kernel_id": "k1", "path": "/tmp/k1.json"}},
+    {"policy": None, "warning": None, "reservation": {"kernel_id": "k1", "gpus": "GPU-0", "why": "", "launcher_pid": 1,
+                                                      "kernel_pid": None, "created": 0.0, "directory": "/tmp"}},
+], ids=["none-saved", "bad-policy", "other-keys", "gpus-not-a-list"])
+def test_info_without_a_pick_of_ours_leaves_the_next_launch_to_pick(
+        env: JupyterEnv, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, pick: dict | None) -> None:
+    """Info saved by `LocalProvisioner` (or an older tfgpu_magic) loads as before; a pick this
+    provisioner would not have written is logged in one line and ignored: the launch picks anew."""
+    _fake(read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False)))), monkeypatch)
+    restored = provisioner.TFGPUProvisioner(visible="auto")
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(restored.load_provisioner_info(BASE_INFO if pick is None else {**BASE_INFO, provisioner.INFO_KEY: pick}))
+    warnings = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+    if pick is None:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and warnings[0].startswith("tfgpu-provisioner: ")
+        assert warnings[0].endswith("; the next launch picks again") and "\n" not in warnings[0]
+    assert restored.kernel_id == "k1" and restored.resolve() == (Policy(visible=(UUIDS[2],)), None)
+    assert [r.kernel_id for r in reservations.current(env.runtime_dir)] == ["k1"]
+    asyncio.run(restored.cleanup())
+    assert reservations.current(env.runtime_dir) == []
 
 
 def test_without_nvml_visible_auto_launches_with_a_warning_for_the_first_cell(

@@ -52,7 +52,7 @@ def test_help_lists_every_usage_line_and_option() -> None:
     assert all(name in doc for name in OPTIONS) and "SIZE:" in doc and "GPUS:" in doc
 
 
-def test_pinfo_shows_the_registry(shell, capsys) -> None:  # noqa: ANN001
+def test_pinfo_shows_the_registry(shell, capsys) -> None:
     """What a user sees with `%tfgpu?` on a real shell."""
     shell.run_line_magic("pinfo", "%tfgpu")
     out = capsys.readouterr().out
@@ -149,13 +149,13 @@ def test_a_shared_option_is_declared_alike_by_every_owner() -> None:
 
 
 # ----- completion ---------------------------------------------------------------------------------
-def _complete(shell, text: str) -> list[str]:  # noqa: ANN001
+def _complete(shell, text: str) -> list[str]:
     with provisionalcompleter():
         return sorted({c.text for c in shell.Completer.completions(text, len(text))})
 
 
 @pytest.mark.parametrize("directive", [d for d in REGISTRY if d.choices], ids=[d.name for d in REGISTRY if d.choices])
-def test_tab_offers_each_closed_set(shell, directive: directives.Directive) -> None:  # noqa: ANN001
+def test_tab_offers_each_closed_set(shell, directive: directives.Directive) -> None:
     assert _complete(shell, f"%tfgpu {directive.name} ") == sorted(directive.choices)
 
 

@@ -10,13 +10,20 @@ runtime dir so simultaneous launches spread out (`gpus.reservations`). The kerne
 environment and the policy in `startup.POLICY_ENV`, so the extension applies it before the first cell.
 Without NVML the kernel starts anyway, with every GPU visible, and a one-line warning in
 `WARNING_ENV` for its first cell.
+
+Like jupyter_client's `LocalProvisioner` (its pid, pgid and ip), the provisioner hands its state to
+`get_provisioner_info` and takes it back in `load_provisioner_info`: a manager that saves provisioner
+info (a server that keeps its kernels across its own restart) restores the pick, so a restart keeps
+the kernel's GPUs and the kernel's end still removes its reservation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 from jupyter_client.provisioning import LocalProvisioner
@@ -42,6 +49,8 @@ NO_RESERVATION = "visible auto: could not record the pick in the runtime dir ({e
 TOO_FEW = "visible auto:{count}: only {found} GPU(s) here; " + INHERITS
 NOT_GRANTED = ("visible auto: the launch environment sets CUDA_VISIBLE_DEVICES={value!r}, which names GPUs "
                "the inventory does not list; the kernel keeps that setting")
+INFO_KEY = "tfgpu"
+"""The key of the pick in `get_provisioner_info()` (beside jupyter_client's own keys)."""
 
 
 def provisioner_metadata(policy: Policy, visible: str | None = None) -> dict[str, Any]:
@@ -76,6 +85,44 @@ def granted_gpus(found: gpu_inventory.Inventory, inherited: str | None) -> gpu_i
 def read_inventory() -> gpu_inventory.Inventory:
     """A fresh inventory (not the status's cache): the pick must see this moment."""
     return gpu_inventory.read_inventory()
+
+
+Pick = tuple[Policy | None, str | None, reservations.Reservation | None]
+"""What a launch resolved: the policy in force (None: not resolved yet), its warning, the reservation."""
+
+
+def pick_info(pick: Pick) -> dict[str, Any]:
+    """`pick` as JSON-ready values for `get_provisioner_info` (the reservation without its path: its
+    folder, the name follows from the kernel id)."""
+    policy, warning, reservation = pick
+    saved = None
+    if reservation is not None:
+        saved = {name: value for name, value in dataclasses.asdict(reservation).items() if name != "path"}
+        saved.update(gpus=list(reservation.gpus), directory=str(reservation.path.parent))
+    return {"policy": None if policy is None else policy.to_dict(), "warning": warning, "reservation": saved}
+
+
+def pick_from_info(info: Any) -> Pick:
+    """The inverse of `pick_info`; `PolicyError` for anything it would not have written. The record's
+    path is rebuilt from the kernel id (`reservations.path_for`), so saved info names no other file."""
+    if not isinstance(info, dict) or not {"policy", "warning", "reservation"} <= set(info):
+        raise PolicyError(f"provisioner info {INFO_KEY!r} must be an object with policy, warning and reservation")
+    policy = None if info["policy"] is None else Policy.from_dict(info["policy"])
+    warning, saved = info["warning"], info["reservation"]
+    if warning is not None and not isinstance(warning, str):
+        raise PolicyError(f"provisioner info {INFO_KEY!r}: the warning must be a string or null")
+    if saved is None:
+        return policy, warning, None
+    types = {"kernel_id": (str,), "gpus": (list,), "why": (str,), "launcher_pid": (int,),
+             "kernel_pid": (int, type(None)), "created": (int, float), "directory": (str,)}
+    wrong = not isinstance(saved, dict) or set(saved) != set(types) or any(
+        not isinstance(saved[name], kinds) or isinstance(saved[name], bool) for name, kinds in types.items())
+    if wrong or not all(isinstance(gpu, str) for gpu in saved["gpus"]):
+        raise PolicyError(f"provisioner info {INFO_KEY!r}: the reservation is not one this provisioner saved")
+    reservation = reservations.Reservation(
+        saved["kernel_id"], tuple(saved["gpus"]), saved["why"], saved["launcher_pid"], saved["kernel_pid"],
+        float(saved["created"]), reservations.path_for(saved["kernel_id"], Path(saved["directory"])))
+    return policy, warning, reservation
 
 
 class TFGPUProvisioner(LocalProvisioner):  # type: ignore[misc]  (jupyter_client is untyped)
@@ -126,6 +173,9 @@ class TFGPUProvisioner(LocalProvisioner):  # type: ignore[misc]  (jupyter_client
         return str(self.kernel_id or id(self))
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        """Perform any steps in preparation for kernel process launch: `LocalProvisioner`'s (the
+        connection file, ports), then the policy resolved for this launch (`resolve`) into the
+        kernel's environment: the plan's variables, `POLICY_ENV`, `WARNING_ENV` and `PLACED_ENV`."""
         # NVML and the reservation lock may take seconds: off the server's event loop, which must
         # keep answering every other request meanwhile
         inherited = (kwargs.get("env") or os.environ).get(CUDA_VISIBLE_DEVICES)
@@ -146,6 +196,8 @@ class TFGPUProvisioner(LocalProvisioner):  # type: ignore[misc]  (jupyter_client
         return kwargs
 
     async def post_launch(self, **kwargs: Any) -> None:
+        """Perform any steps following the kernel process launch: the reservation records the
+        kernel's pid (the kernel's end then frees it even if nothing calls `cleanup`)."""
         await super().post_launch(**kwargs)
         if self._reservation is not None:
             try:
@@ -154,14 +206,55 @@ class TFGPUProvisioner(LocalProvisioner):  # type: ignore[misc]  (jupyter_client
                 pass
 
     async def cleanup(self, restart: bool = False) -> None:
+        """Clean up the resources used by the provisioner (`LocalProvisioner`'s cached ports) and,
+        unless the kernel restarts, its reservation; a restart keeps the pick."""
         await super().cleanup(restart=restart)
         if not restart:
             self._release()
 
     async def shutdown_requested(self, restart: bool = False) -> None:
+        """The kernel's shutdown was requested: unless it restarts, its GPUs are free for the next
+        launch now, not only once the process has gone."""
         await super().shutdown_requested(restart=restart)
         if not restart:
             self._release()
+
+    async def get_provisioner_info(self) -> dict[str, Any]:
+        """Captures the base information necessary for persistence relative to this instance
+        (`LocalProvisioner`'s pid, pgid and ip), and the pick under `INFO_KEY`: the policy resolved at
+        launch, its warning and the reservation, as JSON-ready values."""
+        info = await super().get_provisioner_info()
+        info[INFO_KEY] = pick_info((self._resolved, self._warning, self._reservation))
+        return info
+
+    async def load_provisioner_info(self, provisioner_info: dict) -> None:
+        """Loads the base information necessary for persistence relative to this instance, and the
+        pick: a restart keeps the GPUs of the first launch, and `cleanup` removes its reservation.
+        The reservation's record then names this process as its launcher (the one that saved the
+        info, a server since restarted, is gone: `reservations` would count the kernel as ended and
+        give its GPUs to the next launch). Info without a pick (saved by `LocalProvisioner`, or an
+        older tfgpu_magic) or with one this provisioner would not write leaves the next launch to
+        pick again; the latter is logged."""
+        await super().load_provisioner_info(provisioner_info)
+        if INFO_KEY not in provisioner_info:
+            return
+        try:
+            self._resolved, self._warning, self._reservation = pick_from_info(provisioner_info[INFO_KEY])
+        except PolicyError as err:
+            self.log.warning("%s: %s; the next launch picks again", NAME, err)
+            return
+        if self._reservation is not None:
+            await asyncio.to_thread(self._adopt)
+
+    def _adopt(self) -> None:
+        """Record this process as the reservation's launcher (and the kernel's pid, if known)."""
+        assert self._reservation is not None
+        self._reservation = dataclasses.replace(self._reservation, launcher_pid=os.getpid(),
+                                                kernel_pid=self._reservation.kernel_pid or self.pid)
+        try:
+            reservations.set_kernel_pid(self._reservation, self._reservation.kernel_pid)
+        except (OSError, PolicyError):  # the record stays as it was; cleanup still removes it
+            pass
 
     def _release(self) -> None:
         if self._reservation is not None:
