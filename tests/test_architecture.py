@@ -172,6 +172,8 @@ def test_views_use_only_the_controllers_public_surface(module: str) -> None:
         ("keras", lambda name: name.startswith(f"{PACKAGE}.tf.")),
         ("pynvml", lambda name: name == f"{PACKAGE}.gpus.inventory"),
         ("ipywidgets", lambda name: name.startswith(f"{PACKAGE}.views.")),
+        ("jupyter_server", lambda name: name.startswith(f"{PACKAGE}.serverext")),
+        ("tornado", lambda name: name.startswith(f"{PACKAGE}.serverext")),
     ],
 )
 def test_each_heavy_dependency_stays_in_its_room(dependency: str, allowed) -> None:
@@ -184,6 +186,7 @@ def test_the_rooms_are_imported_where_expected() -> None:
     assert any(name.startswith(f"{PACKAGE}.tf.") for name in importers_of("tensorflow"))
     assert set(importers_of("pynvml")) == {f"{PACKAGE}.gpus.inventory"}
     assert set(importers_of("ipywidgets")) >= {f"{PACKAGE}.views.panel", f"{PACKAGE}.views.confirm"}
+    assert set(importers_of("jupyter_server")) == {f"{PACKAGE}.serverext.handlers"}
 
 
 def format_graph(graph: dict[str, set[str]]) -> str:

@@ -141,6 +141,9 @@ def test_wheel_has_license_metadata_and_every_module(dists: Dists) -> None:
     modules = {name for name in dists.files if name.startswith("tfgpu_magic/") and name.endswith(".py")}
     assert modules <= names, f"missing from the wheel: {sorted(modules - names)}"
     assert not [name for name in names if name.startswith("tests/")], "the tests are not part of the wheel"
+    data = f"{info.removesuffix('.dist-info')}.data/data/"  # the prebuilt labextension and the server extension's switch
+    assert f"{data}share/jupyter/labextensions/tfgpu-magic/package.json" in names
+    assert f"{data}etc/jupyter/jupyter_server_config.d/tfgpu_magic.json" in names
     fields = meta.split("\n\n", 1)[0].splitlines()
     assert "License-Expression: BSD-3-Clause" in fields
     assert "License-File: LICENSE" in fields

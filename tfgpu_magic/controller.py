@@ -340,7 +340,11 @@ class Controller:
 @functools.cache
 def get_controller() -> Controller:
     """The process-wide controller shared by the magic, the panel and `configure()`."""
-    return Controller()
+    controller = Controller()
+    from .jupyter.kernelstate import start_publishing
+
+    start_publishing(current_shell(), controller)  # in a server's kernel: its state for the server extension
+    return controller
 
 
 def configure(*directives: str) -> ApplyReport:

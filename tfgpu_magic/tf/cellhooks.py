@@ -21,3 +21,6 @@ def on_tensorflow_import(controller: MemorySource, shell: Any = None) -> None:
         return
     initcell.watch_initialization(shell)
     oom.install(shell, controller, peak_from_cell=lambda: getattr(shell, WATCH_ATTRIBUTE, None) is not None)
+    from ..jupyter import kernelstate
+
+    kernelstate.changed()  # TensorFlow imported: the published state says so

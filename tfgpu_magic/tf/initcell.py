@@ -89,6 +89,9 @@ def _record_once(text: str) -> None:
     global _record
     if _record is None:
         _record = text
+        from ..jupyter import kernelstate
+
+        kernelstate.changed(initialized_by=text)  # the published state names the initializing cell
 
 
 class InitWatch:
