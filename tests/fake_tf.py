@@ -1,4 +1,4 @@
-"""`FakeTF`: the `tfgpu_magic.tf.runtime.ConfigAPI` seam with TensorFlow's rules, for GPU paths without a GPU.
+"""`FakeTF`: the `tfgpu_magic.tf.configapi.ConfigAPI` seam with TensorFlow's rules, for GPU paths without a GPU.
 
 The rules are copied once, in the order TensorFlow checks them, from TF 2.21's
 `tensorflow/python/eager/context.py` (`Context.set_memory_growth`, `set_logical_device_configuration`,
@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, MutableMapping, Sequence
 
-from tfgpu_magic.tf.runtime import ASYNC_ALLOCATOR, LIBCUDA_LOADED, LogicalSpec, Route, RuntimeState, logical_entries
+from tfgpu_magic.tf.configapi import Route
+from tfgpu_magic.tf.runtime import ASYNC_ALLOCATOR, LIBCUDA_LOADED, LogicalSpec, RuntimeState, logical_entries
 
 PhysicalDevice = collections.namedtuple("PhysicalDevice", ["name", "device_type"])
 """Same name, fields, equality and repr as `tf.config.PhysicalDevice` (a namedtuple too)."""

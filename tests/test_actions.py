@@ -15,10 +15,10 @@ from fake_nvml import OTHER_PID, FakeNvml, four_gpus
 from fake_tf import FakeTF
 from IPython.core.formatters import DisplayFormatter
 
-from tfgpu_magic import actions
+from tfgpu_magic.views import actions
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.errors import PolicyError
-from tfgpu_magic.gpus import doctor
+from tfgpu_magic import doctor
 from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog, Nvml, read_inventory
 from tfgpu_magic.language import directives
 from tfgpu_magic.tf import importhook

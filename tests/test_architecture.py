@@ -1,8 +1,10 @@
-"""The package's shape, read from the source with `ast`: no import cycles (module-level, function-level
-and `TYPE_CHECKING` imports all count), the magic and the panel never import each other, and each
-heavy or optional dependency stays in its one room.
+"""The package's shape, read from the source with `ast`: rooms (a subpackage or a top-level module)
+import only rooms of their own layer or below (`LAYERS`, see docs/architecture.md), with no cycle
+between rooms or between modules (module-level, function-level and `TYPE_CHECKING` imports all
+count); no room reads another room's attributes by string; the magic and the panel never import each
+other; each heavy or optional dependency stays in its one room.
 
-`python tests/test_architecture.py` prints the module graph.
+`python tests/test_architecture.py` prints the room graph, then the module graph.
 """
 
 from __future__ import annotations
@@ -19,6 +21,22 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 MAGIC = {f"{PACKAGE}.views.magics", f"{PACKAGE}.views.commands", f"{PACKAGE}.views.completion"}
 PANEL = {f"{PACKAGE}.views.panel"}
 
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors",),
+    ("safefile",),
+    ("language",),
+    ("gpus",),
+    ("tf",),
+    ("jupyter",),
+    ("doctor", "holders"),
+    ("controller",),
+    ("selftest",),
+    ("views",),
+    ("serverext", "__main__"),
+    (PACKAGE,),
+)
+"""Rooms from the bottom up: a room imports only rooms of its own layer (without a cycle) or below.
+`PACKAGE` is the package's `__init__`, the public API."""
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
@@ -108,6 +126,79 @@ def importers_of(top: str) -> dict[str, list[str]]:
     return found
 
 
+def room_of(module: str) -> str:
+    """`tfgpu_magic.tf.runtime` → `tf`; `tfgpu_magic.doctor` → `doctor`; the package → `PACKAGE`."""
+    return module.removeprefix(f"{PACKAGE}.").split(".")[0] if module != PACKAGE else PACKAGE
+
+
+LAYER_OF = {room: rank for rank, rooms in enumerate(LAYERS) for room in rooms}
+
+
+def room_graph(graph: dict[str, set[str]] | None = None) -> dict[str, set[str]]:
+    """Room → the other rooms its modules import."""
+    rooms: dict[str, set[str]] = {}
+    for name, targets in (graph or import_graph()).items():
+        rooms.setdefault(room_of(name), set()).update(room_of(t) for t in targets if room_of(t) != room_of(name))
+    return rooms
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """`module → module` for every import of a room of a higher layer."""
+    return sorted(f"{name} → {target}" for name, targets in graph.items()
+                  for target in targets if LAYER_OF[room_of(target)] > LAYER_OF[room_of(name)])
+
+
+def test_every_room_has_a_layer() -> None:
+    assert set(room_graph()) == set(LAYER_OF), "a room is missing from LAYERS (or LAYERS names a room that is gone)"
+
+
+def test_rooms_import_downward_only() -> None:
+    assert upward_imports(import_graph()) == []
+
+
+def test_no_cycle_between_rooms() -> None:
+    cycle = find_cycle(room_graph())
+    assert cycle is None, "cycle between rooms: " + " → ".join(cycle or [])
+
+
+def test_an_upward_import_and_a_room_cycle_are_seen() -> None:
+    """The checks catch what they are for: `gpus` importing `tf`, and two rooms importing each other."""
+    graph = {f"{PACKAGE}.gpus.x": {f"{PACKAGE}.tf.y"}, f"{PACKAGE}.tf.y": {f"{PACKAGE}.gpus.z"},
+             f"{PACKAGE}.gpus.z": set()}
+    assert upward_imports(graph) == [f"{PACKAGE}.gpus.x → {PACKAGE}.tf.y"]
+    assert find_cycle(room_graph(graph)) == ["gpus", "tf", "gpus"]
+
+
+SHELL_ATTRIBUTE = re.compile(r"_tfgpu_\w+")
+"""How the package names the attributes it sets on IPython's shell (one room owns each)."""
+
+
+def string_attributes() -> dict[str, set[str]]:
+    """Attribute-name string constants of the package (`"_tfgpu_watch"`) → the rooms whose source
+    names them, as a literal or by importing the constant that holds it."""
+    holders: dict[str, str] = {}
+    used: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and SHELL_ATTRIBUTE.fullmatch(node.value):
+                used.setdefault(node.value, set()).add(room_of(name))
+            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                    and isinstance(node.value.value, str) and SHELL_ATTRIBUTE.fullmatch(node.value.value)):
+                holders.update({target.id: node.value.value for target in node.targets if isinstance(target, ast.Name)})
+    for name, path in MODULES.items():
+        for imported, _ in imported_names(path):
+            constant = imported.rpartition(".")[2]
+            if constant in holders and internal_target(imported) is not None:
+                used[holders[constant]].add(room_of(name))
+    return used
+
+
+def test_no_room_reads_another_rooms_attributes_by_string() -> None:
+    shared = {attribute: rooms for attribute, rooms in string_attributes().items() if len(rooms) > 1}
+    assert shared == {}, f"attributes named by string in several rooms (give them a real interface): {shared}"
+    assert string_attributes(), "the check reads the package's shell attributes"
+
+
 def test_the_reader_sees_every_kind_of_import() -> None:
     """Function-level and TYPE_CHECKING imports count, and `from . import module` names the module."""
     source = (
@@ -139,17 +230,17 @@ def test_the_magic_and_the_panel_do_not_import_each_other() -> None:
     for name in PANEL:
         assert not graph[name] & MAGIC, f"{name} imports the magic"
     panel_users = {name for name, targets in graph.items() if targets & PANEL}
-    assert panel_users <= {PACKAGE, f"{PACKAGE}.actions"}
+    assert panel_users <= {f"{PACKAGE}.views.actions"}
     magic_users = {name for name, targets in graph.items() if targets & MAGIC} - MAGIC
     assert magic_users <= {PACKAGE}
 
 
 def test_actions_and_controller_import_no_interactive_view_at_top() -> None:
-    """The controller imports no view but the pure text formatting (`views.status`), and the actions
-    import the panel and the restart button only inside the actions that open them."""
+    """The controller imports no view (it tells its listeners; views render), and the actions import
+    the panel and the restart button only inside the actions that open them."""
     graph = import_graph()
-    assert {t for t in graph[f"{PACKAGE}.controller"] if t.startswith(f"{PACKAGE}.views")} <= {f"{PACKAGE}.views.status"}
-    tree = ast.parse(MODULES[f"{PACKAGE}.actions"].read_text(encoding="utf-8"))
+    assert not {t for t in graph[f"{PACKAGE}.controller"] if t.startswith(f"{PACKAGE}.views")}
+    tree = ast.parse(MODULES[f"{PACKAGE}.views.actions"].read_text(encoding="utf-8"))
     top = {node.module or "" for node in tree.body if isinstance(node, ast.ImportFrom)}
     assert not {module for module in top if module.endswith(("panel", "confirm"))}
 
@@ -159,7 +250,7 @@ INTERNALS = re.compile(r"controller\.(api|environ|catalog|listeners)\b")
 `gpus()`, `gpu_settings()`, `pending()`, `recorded()`, `subscribe()`, `export()`)."""
 
 
-@pytest.mark.parametrize("module", ["views.status", "views.results", "views.panel", "views.confirm", "gpus.doctor"])
+@pytest.mark.parametrize("module", ["views.status", "views.results", "views.panel", "views.confirm", "doctor"])
 def test_views_use_only_the_controllers_public_surface(module: str) -> None:
     source = MODULES[f"{PACKAGE}.{module}"].read_text(encoding="utf-8")
     assert not INTERNALS.findall(source)
@@ -197,7 +288,15 @@ def format_graph(graph: dict[str, set[str]]) -> str:
 
 
 if __name__ == "__main__":
-    print(format_graph(import_graph()))
-    cycle = find_cycle(import_graph())
+    graph = import_graph()
+    rooms = room_graph(graph)
+    print("rooms, bottom layer first:")
+    print("\n".join(f"  {LAYER_OF[room]:>2} {room:<12} → {', '.join(sorted(rooms[room], key=LAYER_OF.get)) or '-'}"
+                    for room in sorted(rooms, key=lambda room: (LAYER_OF.get(room, 99), room))))
+    print("\nmodules:")
+    print(format_graph(graph))
+    cycle = find_cycle(graph) or find_cycle(rooms)
+    upward = upward_imports(graph)
     print("cycles:", " → ".join(cycle) if cycle else "none")
-    sys.exit(1 if cycle else 0)
+    print("upward imports:", ", ".join(upward) if upward else "none")
+    sys.exit(1 if cycle or upward else 0)

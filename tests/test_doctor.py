@@ -21,11 +21,11 @@ from IPython.terminal.interactiveshell import TerminalInteractiveShell
 from IPython.testing import tools
 
 from fake_nvml import NVML_ERROR_DRIVER_NOT_LOADED, UUIDS, FakeGpu, FakeNvml, OlderBinding, four_gpus
-from tfgpu_magic import actions
-from tfgpu_magic.gpus import doctor
+from tfgpu_magic.views import actions
+from tfgpu_magic import doctor
 from tfgpu_magic.tf import importhook
 from tfgpu_magic.controller import Controller
-from tfgpu_magic.gpus.doctor import FAIL, INFO, OK, WARN, Machine
+from tfgpu_magic.doctor import FAIL, INFO, OK, WARN, Machine
 from tfgpu_magic.gpus.inventory import Inventory, Nvml, driver_present, read_inventory
 from tfgpu_magic.views.magics import TFGPUMagics
 from tfgpu_magic.language.policy import Policy
@@ -754,7 +754,7 @@ def test_cuda_packages_are_the_nvidia_requirements_of_the_extra_with_installed_v
 def test_the_loader_path_is_the_one_the_process_started_with(tmp_path: Path) -> None:
     """A fresh interpreter started with LD_LIBRARY_PATH=/from/start that then changes os.environ:
     the doctor reads the start value (what the loader uses); unset at start reads as ''."""
-    probe = ("import os; from tfgpu_magic.gpus import doctor; os.environ['LD_LIBRARY_PATH'] = '/set/later'; "
+    probe = ("import os; from tfgpu_magic import doctor; os.environ['LD_LIBRARY_PATH'] = '/set/later'; "
              "print(repr(doctor._startup_variable('LD_LIBRARY_PATH')))")
     run = lambda extra: subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,  # noqa: E731
                                        env={k: v for k, v in {**dict(os.environ), **extra}.items() if v is not None})

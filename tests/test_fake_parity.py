@@ -22,7 +22,10 @@ import pytest
 from fake_tf import FakeTF, PhysicalDevice
 from tfgpu_magic.tf.plan import build_plan
 from tfgpu_magic.language.policy import Policy
-from tfgpu_magic.tf.runtime import LogicalSpec, TensorFlowConfig, apply_plan, install_routes, session_config
+from tfgpu_magic.tf.apply import apply_plan, session_config
+from tfgpu_magic.tf.configapi import TensorFlowConfig
+from tfgpu_magic.tf.routes import install_routes
+from tfgpu_magic.tf.runtime import LogicalSpec
 
 pytestmark = pytest.mark.tensorflow
 

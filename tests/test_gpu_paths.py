@@ -20,7 +20,8 @@ from tfgpu_magic.views import status
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import Gpu, Inventory, InventoryCatalog
 from tfgpu_magic.tf.plan import Plan
-from tfgpu_magic.tf.runtime import ApplyReport, apply_plan, where
+from tfgpu_magic.tf.apply import ApplyReport, apply_plan
+from tfgpu_magic.tf.runtime import where
 
 GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"
 STARTS = ("before import", "imported", "devices listed")
@@ -603,7 +604,8 @@ def test_session_without_config_uses_the_eager_context_config() -> None:
 
 def test_route_wrappers_are_idempotent_and_reversible() -> None:
     """Applying twice wraps once; `uninstall_routes` puts TensorFlow's own functions back."""
-    from tfgpu_magic.tf.runtime import WRAPPED, uninstall_routes
+    from tfgpu_magic.tf.routes import uninstall_routes
+    from tfgpu_magic.tf.runtime import WRAPPED
 
     fake, ctl = routed(1, "growth on")
     original = fake.device_lib.list_local_devices
@@ -813,7 +815,7 @@ def test_split_policy_survives_device_lib_then_first_op() -> None:
 
 def test_a_failing_policy_never_breaks_the_users_device_lib_call(capsys: pytest.CaptureFixture) -> None:
     """If building the policy's config fails, device_lib still runs (TF's default) and one line says so."""
-    from tfgpu_magic.tf.runtime import install_routes
+    from tfgpu_magic.tf.routes import install_routes
 
     fake = FakeTF(1)
 

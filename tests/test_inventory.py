@@ -20,7 +20,7 @@ import fake_nvml
 import tfgpu_magic
 from fake_nvml import MIG_UUIDS, OTHER_PID, UUIDS, FakeGpu, FakeNvml, OlderBinding, four_gpus
 from tfgpu_magic.tf import importhook
-from tfgpu_magic.gpus import doctor
+from tfgpu_magic import doctor
 from tfgpu_magic.gpus import inventory as inventory_module
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.errors import PolicyError

@@ -22,7 +22,9 @@ from kernels import quiet_env, tensorflow_stays_out_of_pytest  # noqa: F401 (aut
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog, Nvml, read_inventory
 from tfgpu_magic.tf import importhook
-from tfgpu_magic.tf.memory import memory, memory_text, mib_text, summary
+from tfgpu_magic.language.sizes import mib_text
+from tfgpu_magic.tf.memory import memory, memory_rows
+from tfgpu_magic.views.figures import memory_text, summary
 
 GIB = 1 << 30
 
@@ -81,10 +83,10 @@ def test_once_initialized_it_shows_tensors_this_process_others_and_the_cap_in_fo
 
 def test_the_panel_phrase_before_and_after_initialization() -> None:
     fake, ctl, mem, inventory = machine("visible 0", "limit 4GB 0")
-    assert summary(memory(ctl, mem, inventory)[0]) == "cap at initialization 4.0 GiB (limit on GPU 0, 5% of the card)"
+    assert summary(memory_rows(ctl, mem, inventory)[0]) == "cap at initialization 4.0 GiB (limit on GPU 0, 5% of the card)"
     fake, ctl, mem, inventory = machine("visible 0", "limit 4GB 0", start="initialized")
     mem.allocate("GPU:0", 1536 * 1024 * 1024)
-    assert summary(memory(ctl, mem, inventory)[0]) == (
+    assert summary(memory_rows(ctl, mem, inventory)[0]) == (
         "tensors 1.5 GiB (peak 1.5 GiB) · cap 4.0 GiB (limit on GPU 0, 5% of the card)")
 
 
@@ -140,8 +142,9 @@ def test_real_tensorflow_is_neither_initialized_nor_imported_by_it() -> None:
     script = textwrap.dedent("""
         import sys
         from tfgpu_magic.controller import get_controller
-        from tfgpu_magic.tf.memory import memory, memory_text
+        from tfgpu_magic.tf.memory import memory
         from tfgpu_magic.tf.runtime import runtime_state
+        from tfgpu_magic.views.figures import memory_text
         print(memory_text(get_controller()))
         assert "tensorflow" not in sys.modules
         import tensorflow as tf

@@ -19,8 +19,8 @@ from fake_tf import FakeTF
 from tfgpu_magic.tf import importhook
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog, Nvml, read_inventory
-from tfgpu_magic.views.panel import (COLUMNS, YOU_COLOR, GpuRow, Panel, gib_pair, memory_bar, refresh_open_panels,
-                                     show_panel)
+from tfgpu_magic.language.sizes import gib_pair
+from tfgpu_magic.views.panel import COLUMNS, YOU_COLOR, ListedGpu, Panel, memory_bar, refresh_open_panels, show_panel
 
 
 @pytest.fixture(autouse=True)
@@ -252,8 +252,8 @@ def test_rows_of_controls_wrap_rather_than_cut_labels():
 
 def test_memory_bar_unknown():
     """A GPU without memory figures says so instead of drawing a bar."""
-    assert "unknown" in memory_bar(GpuRow("0", "GPU"))
-    assert "width:50.0%" in memory_bar(GpuRow("0", "GPU", used_mib=512, total_mib=1024))
+    assert "unknown" in memory_bar(ListedGpu("0", "GPU"))
+    assert "width:50.0%" in memory_bar(ListedGpu("0", "GPU", used_mib=512, total_mib=1024))
 
 
 def test_panel_edit_shows_in_status_and_export():

@@ -260,7 +260,8 @@ def test_device_routes_run_with_the_policy():
     result, stderr = run_script("""
         import tfgpu_magic
         from tfgpu_magic.controller import get_controller
-        from tfgpu_magic.tf.runtime import WRAPPED, uninstall_routes
+        from tfgpu_magic.tf.routes import uninstall_routes
+        from tfgpu_magic.tf.runtime import WRAPPED
         tfgpu_magic.configure("split cpu 3")
         import tensorflow as tf
         from tensorflow.python.client import device_lib, session

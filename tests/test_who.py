@@ -23,6 +23,7 @@ from tfgpu_magic.errors import PolicyError
 from tfgpu_magic.gpus import processes
 from tfgpu_magic.gpus.inventory import MIB, Inventory, Nvml, read_inventory
 from tfgpu_magic.jupyter import sessions
+from tfgpu_magic.views import who as who_view
 
 NOTEBOOKS = ("a.ipynb", "sub/b.ipynb")
 TF_MIB, B_MIB = 2048, 512
@@ -93,11 +94,11 @@ def test_inside_a_kernel_who_marks_that_kernel_and_names_its_notebook(setup: Set
     try:
         row = kernel.evaluate(
             "[r for r in __import__('tfgpu_magic.holders').holders.who() if r['this']][0]", timeout=60)
-        text = kernel.evaluate("__import__('tfgpu_magic.holders').holders.report()", timeout=60)
+        text = kernel.evaluate("__import__('tfgpu_magic.views.who').views.who.report()", timeout=60)
     finally:
         kernel.close()
     assert (row["pid"], row["kernel_id"], row["notebook"], row["tensorflow"]) == (a_pid, a_id, "a.ipynb", True)
-    assert row["gpu_memory"] == {} and text.startswith(holders.NO_NVML)
+    assert row["gpu_memory"] == {} and text.startswith(who_view.NO_NVML)
     assert any("a.ipynb" in line and line.endswith("← this kernel") for line in text.splitlines())
     assert setup.server.token not in text
 
@@ -105,7 +106,7 @@ def test_inside_a_kernel_who_marks_that_kernel_and_names_its_notebook(setup: Set
 def test_the_report_groups_by_gpu_and_never_shows_the_token(setup: Setup, capsys: pytest.CaptureFixture[str]) -> None:
     inventory = setup.inventory()
     rows = holders.who(inventory, setup.runtime_dir)
-    text = holders.render(rows, inventory)
+    text = who_view.render(rows, inventory)
     print(text)
     lines = text.splitlines()
     gpu1 = lines.index(next(line for line in lines if line.startswith("GPU 1 ")))
@@ -122,8 +123,8 @@ def test_without_nvml_this_users_kernels_are_still_listed(setup: Setup) -> None:
     rows = holders.who(inventory, setup.runtime_dir)
     a = _row(rows, setup.kernels["a.ipynb"][1])
     assert a["gpu_memory"] == {} and a["notebook"] == "a.ipynb" and a["tensorflow"] is True
-    text = holders.render(rows, inventory)
-    assert text.startswith(holders.NO_NVML) and "a.ipynb" in text and "sub/b.ipynb" in text
+    text = who_view.render(rows, inventory)
+    assert text.startswith(who_view.NO_NVML) and "a.ipynb" in text and "sub/b.ipynb" in text
 
 
 def test_a_server_file_whose_pid_does_not_hold_the_port_gets_no_request(setup: Setup, tmp_path: Path) -> None:
@@ -173,10 +174,10 @@ def test_an_idle_own_kernel_holding_a_gpu_gets_a_shutdown_hint_and_others_only_u
     inventory = read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False))))
     other = _fake_row(pid=8, user="bob", kernel_id=None, notebook=None, tensorflow=None, mine=False,
                       idle_seconds=None, state=None)
-    text = holders.render([_fake_row(), other], inventory)
+    text = who_view.render([_fake_row(), other], inventory)
     assert "Kernel k-123 (x.ipynb) is idle 2h00m" in text and "`%tfgpu who --shutdown k-123 --yes`" in text
     assert "  pid 8 · bob · 3.0 GiB" in text.splitlines()
-    busy = holders.render([_fake_row(state="busy", idle_seconds=None)], inventory)
+    busy = who_view.render([_fake_row(state="busy", idle_seconds=None)], inventory)
     assert "--shutdown" not in busy and "busy" in busy
 
 

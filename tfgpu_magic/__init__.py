@@ -12,12 +12,13 @@ from .errors import PolicyError
 
 if TYPE_CHECKING:
     from .language.policy import Policy
+    from .tf.apply import ApplyReport
 
 __version__ = "0.1.0"
 __all__ = ["Policy", "PolicyError", "configure", "current_policy", "memory", "panel", "session_config", "who"]
 
 
-_LAZY = ("Policy", "configure")
+_LAZY = ("Policy",)
 """Attributes `__getattr__` loads on first use; `__dir__` lists them so Tab completion finds them."""
 
 
@@ -26,23 +27,43 @@ def __dir__() -> list[str]:
 
 
 def __getattr__(name: str) -> Any:
-    """`Policy` and `configure` load on first use, keeping `%load_ext` cheap (PEP 562)."""
+    """`Policy` loads on first use, keeping `%load_ext` cheap (PEP 562)."""
     if name == "Policy":
         from .language.policy import Policy
 
         return Policy
-    if name == "configure":
-        from .controller import configure
-
-        return configure
     raise AttributeError(f"module 'tfgpu_magic' has no attribute {name!r}")
 
 
 def get_controller() -> Any:
-    """The process-wide controller shared by the magic, the panel and `configure()`."""
+    """The process-wide controller shared by the magic, the panel and `configure()`, set to say on
+    stderr what applying at `import tensorflow` leaves undone."""
     from .controller import get_controller as shared
+    from .views.status import told
 
-    return shared()
+    return told(shared())
+
+
+def configure(*directives: str) -> ApplyReport:
+    """Script form of `%tfgpu`: `configure("growth on", "split cpu 2")` before importing TensorFlow.
+
+    Same directives and timing rules as the magic; bad input raises `PolicyError` and changes nothing.
+    """
+    wrong = [directive for directive in directives if not isinstance(directive, str)]
+    if wrong:
+        raise TypeError(f"configure() takes directive strings, e.g. configure(\"growth on\", \"visible 0\"); "
+                        f"got {type(wrong[0]).__name__}")
+    if not all(directive.strip() for directive in directives):
+        raise PolicyError("configure() got an empty directive; give each as text, e.g. configure(\"growth on\")")
+    controller = get_controller()
+    report = controller.edit(controller.parse(directive) for directive in directives)
+    if not report.ok:
+        import warnings
+
+        from .views.status import SCRIPT_RESTART_HINT, describe_report
+
+        warnings.warn(describe_report(report, SCRIPT_RESTART_HINT), stacklevel=2)
+    return report
 
 
 def current_policy() -> Policy:
@@ -69,7 +90,7 @@ def who(inventory: Any = None) -> list[dict[str, Any]]:
 def session_config() -> Any:
     """A `tf.compat.v1.ConfigProto` carrying the policy, for TF1-style `tf.compat.v1.Session`.
     Without TensorFlow installed: a one-line `PolicyError` saying how to install it."""
-    from .tf.runtime import session_config as build
+    from .tf.apply import session_config as build
 
     controller = get_controller()
     return build(controller.plan(), controller.api)
@@ -80,7 +101,7 @@ def panel() -> Any:
     as the cell's last value adds no `<Panel at 0x…>` line (`Panel._ipython_display_`)."""
     from IPython import get_ipython
 
-    from .actions import open_panel
+    from .views.actions import open_panel
 
     return open_panel(get_controller(), get_ipython())
 

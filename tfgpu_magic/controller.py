@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 from typing import Callable, Iterable, MutableMapping, NamedTuple
 
 from .tf import importhook
@@ -19,14 +18,15 @@ from .gpus.inventory import Inventory, InventoryCatalog, cached_inventory
 from .tf.envvars import CUDA_VISIBLE_DEVICES, NAMES
 from .tf.plan import Plan, build_plan, gpu_refs, uses_gpu_settings
 from .language.policy import ALL_GPUS, Policy, is_index
-from .tf.runtime import (ApplyReport, ConfigAPI, RuntimeState, TensorFlowConfig, any_logical_recorded, apply_plan,
-                      current_shell, install_routes, locked_env_lines, pending_changes, recorded_settings,
-                      session_config, too_late)
+from .tf.apply import (ApplyReport, any_logical_recorded, apply_plan, locked_env_lines, pending_changes, recorded_settings, session_config)
+from .tf.configapi import ConfigAPI, TensorFlowConfig
+from .tf.routes import install_routes
+from .tf.runtime import RuntimeState, current_shell, too_late
 
 
-class GpuRow(NamedTuple):
-    """A GPU as the views list it: from NVML when available, else from TensorFlow's physical list.
-    (NamedTuples here: cheaper to define than frozen dataclasses on the panel's import path.)"""
+class ListedGpu(NamedTuple):
+    """A GPU as the views list it: NVML's card (`gpus.inventory.Gpu`, cut to what a list shows) when
+    NVML works, else only TensorFlow's physical device, which has no figures; hence a record of its own."""
 
     ref: str
     name: str
@@ -58,6 +58,9 @@ class Controller:
         self.catalog: GpuCatalog = catalog if catalog is not None else InventoryCatalog()
         self.policy = Policy()
         self.last_report: ApplyReport | None = None
+        self.on_import_failure: Callable[[ApplyReport], None] | None = None
+        """Told what applying at `import tensorflow` left undone; a view sets it (views render, see
+        `views.status.told`), so the controller imports none."""
         self._original_env: dict[str, str | None] = {}
         self._notes_shown: set[str] = set()
         self.listeners: list[Callable[[Controller], None]] = []
@@ -98,17 +101,17 @@ class Controller:
         groups = [("Pending, needs a restart", restart), ("Not applied yet (`%tfgpu apply`)", apply)]
         return [(title, items) for title, items in groups if items]
 
-    def gpus(self) -> tuple[list[GpuRow], str]:
+    def gpus(self) -> tuple[list[ListedGpu], str]:
         """The GPUs to list (NVML's, else TensorFlow's once imported), and a one-line reason when there
         are none. Listing TF's devices never initializes its runtime."""
         inventory = self.inventory()
         if inventory.available and inventory.gpus:
-            return [GpuRow(gpu.ref, gpu.name or "GPU", gpu.memory_used_mib, gpu.memory_total_mib)
+            return [ListedGpu(gpu.ref, gpu.name or "GPU", gpu.memory_used_mib, gpu.memory_total_mib)
                     for gpu in inventory.gpus], ""
         if self.state().imported:
             gpus = self.api.devices("GPU")
             if gpus:
-                return [GpuRow(str(i), self.api.name(gpu)) for i, gpu in enumerate(gpus)], ""
+                return [ListedGpu(str(i), self.api.name(gpu)) for i, gpu in enumerate(gpus)], ""
             return [], f"No GPU: TensorFlow lists none, and {inventory.error or 'NVML sees none'}. `%tfgpu doctor` says why."
         return [], f"No GPU found: {inventory.error or 'NVML sees none'}. `%tfgpu doctor` says why."
 
@@ -277,12 +280,8 @@ class Controller:
 
     def _on_import(self) -> None:
         report = self.apply()
-        if not report.ok:
-            from .views.status import SCRIPT_RESTART_HINT, describe_report, restart_hint
-
-            shell = current_shell()
-            hint = restart_hint(shell) if shell is not None else SCRIPT_RESTART_HINT
-            print(describe_report(report, hint), file=sys.stderr)
+        if not report.ok and self.on_import_failure is not None:
+            self.on_import_failure(report)
 
     def _inherited_cvd(self) -> str | None:
         """`CUDA_VISIBLE_DEVICES` as it was before this tool set it."""
@@ -345,25 +344,3 @@ def get_controller() -> Controller:
 
     start_publishing(current_shell(), controller)  # in a server's kernel: its state for the server extension
     return controller
-
-
-def configure(*directives: str) -> ApplyReport:
-    """Script form of `%tfgpu`: `configure("growth on", "split cpu 2")` before importing TensorFlow.
-
-    Same directives and timing rules as the magic; bad input raises `PolicyError` and changes nothing.
-    """
-    wrong = [directive for directive in directives if not isinstance(directive, str)]
-    if wrong:
-        raise TypeError(f"configure() takes directive strings, e.g. configure(\"growth on\", \"visible 0\"); "
-                        f"got {type(wrong[0]).__name__}")
-    if not all(directive.strip() for directive in directives):
-        raise PolicyError("configure() got an empty directive; give each as text, e.g. configure(\"growth on\")")
-    controller = get_controller()
-    report = controller.edit(controller.parse(directive) for directive in directives)
-    if not report.ok:
-        import warnings
-
-        from .views.status import SCRIPT_RESTART_HINT, describe_report
-
-        warnings.warn(describe_report(report, SCRIPT_RESTART_HINT), stacklevel=2)
-    return report

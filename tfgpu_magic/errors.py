@@ -1,4 +1,4 @@
-"""The one error type for user mistakes; the magic turns it into a `UsageError`."""
+"""The one error type the user sees as one line; the magic turns it into a `UsageError`."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import sys
 
 
 class PolicyError(ValueError):
-    """A directive or policy the user asked for is malformed or contradictory.
-
-    The message is one line that says what is wrong and what is accepted.
-    Raising it guarantees that nothing (policy, environment, TensorFlow) was changed.
+    """What the user is told in one line, never a traceback: a directive or policy that is malformed
+    or contradictory (nothing changed: validation comes before any effect), or a file or setting the
+    user's request depends on that cannot be read or written (`safefile`: unreadable, too large, not
+    UTF-8, bad JSON; an action's `OSError`). The message says what is wrong and what is accepted or
+    where; callers that must not stop (a kernel's start-up) show it as a warning instead.
     """
 
 
@@ -18,9 +19,12 @@ def error_text(err: BaseException) -> str:
     return str(getattr(err, "message", None) or err)
 
 
-def short_error(err: BaseException) -> str:
-    """The first line of an error, at most 200 characters; its type where it says nothing."""
-    return str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+def short_error(err: BaseException, limit: int | None = 200) -> str:
+    """The first line of an error's text (`error_text`), at most `limit` characters (None: whole);
+    its type where it says nothing. TensorFlow's C++ errors carry many lines of context."""
+    text = error_text(err).strip()
+    line = text.splitlines()[0] if text else type(err).__name__
+    return line[:limit] if limit is not None else line
 
 
 def warn(message: str) -> None:

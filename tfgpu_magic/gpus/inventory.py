@@ -15,8 +15,8 @@ from typing import Any, NamedTuple
 
 from ..errors import PolicyError
 from ..language.policy import is_index
+from ..language.sizes import MIB
 
-MIB = 1024 * 1024
 CACHE_SECONDS = 2.0
 PERCENT_UNKNOWN = "a size in % needs the card's total memory, which is unknown"
 

@@ -11,10 +11,8 @@ is on what is read, not on `st_size`), undecodable bytes replaced. Another user'
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
-
-from ..jupyter.startup import server_kernel_id
+from typing import NamedTuple
 
 PROC = Path("/proc")
 CMDLINE_BYTES = 64 << 10
@@ -24,10 +22,20 @@ MAPS_BYTES = 16 << 20
 TF_MARKERS = ("libtensorflow", "_pywrap_tensorflow_internal")
 """File names in /proc/PID/maps that only a process with TensorFlow imported has mapped."""
 KERNEL_MODULES = ("ipykernel_launcher", "ipykernel")
+SERVER_PREFIX, SERVER_SUFFIX = "kernel-", ".json"
+"""How a Jupyter server names a kernel's connection file: `kernel-<id>.json`."""
 
 
-@dataclass(frozen=True)
-class ProcessInfo:
+def server_kernel_id(path: Path) -> str | None:
+    """The kernel id in a connection file named by a Jupyter server (`kernel-<id>.json`). Here, the
+    lowest room that needs it: `who` reads it from other kernels' command lines, `jupyter` from its own."""
+    name = path.name
+    if name.startswith(SERVER_PREFIX) and name.endswith(SERVER_SUFFIX) and len(name) > len(SERVER_PREFIX + SERVER_SUFFIX):
+        return name[len(SERVER_PREFIX) : -len(SERVER_SUFFIX)]
+    return None
+
+
+class ProcessInfo(NamedTuple):
     """One process as /proc shows it. `tensorflow` None: its map could not be read (another user's)."""
 
     pid: int

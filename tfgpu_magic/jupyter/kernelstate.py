@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from . import persist
 from ..errors import PolicyError, warn
+from ..gpus.processes import server_kernel_id
 
 if TYPE_CHECKING:
     from ..language.policy import Policy
@@ -37,8 +37,6 @@ STATE_BYTES = 64 << 10
 TENSORFLOW_STATES = ("not imported", "imported", "initialized")
 RESTART_TITLE = "Pending, needs a restart"
 """The title of the group of changes only a restart can make, in `Controller.pending()`."""
-SERVER_CONNECTION_FILE = re.compile(r"kernel-(.+)\.json")
-"""How a Jupyter server names a kernel's connection file; the group is the kernel id."""
 
 
 class StateSource(Protocol):
@@ -55,12 +53,11 @@ class StateSource(Protocol):
 def server_connection_file(shell: Any) -> tuple[Path, str] | None:
     """This kernel's connection file and the server's kernel id in its name, from the kernel
     application running `shell` (the kernel's traitlets parent); None outside an ipykernel kernel
-    or where no Jupyter server named the file. (Not `jupyter.startup`: its type hints reach the
-    controller, which starts publishing.)"""
+    or where no Jupyter server named the file."""
     app = getattr(getattr(shell, "kernel", None), "parent", None)
     name = getattr(app, "abs_connection_file", None)
-    found = SERVER_CONNECTION_FILE.fullmatch(Path(name).name) if isinstance(name, str) else None
-    return (Path(name), found.group(1)) if found else None
+    kernel_id = server_kernel_id(Path(name)) if isinstance(name, str) else None
+    return (Path(name), kernel_id) if kernel_id else None
 
 
 def state_path(kernel_id: str, directory: Path) -> Path:
@@ -157,8 +154,11 @@ def start_publishing(shell: Any, source: StateSource, directory: Path | None = N
         stop_publishing()
     import atexit
 
+    from ..tf import events
+
     publisher = Publisher(source, kernel_id, state_path(kernel_id, directory or connection.parent))
     source.subscribe(publisher.changed)
+    events.subscribe(changed)  # TensorFlow imported or initialized (`tf.initcell` records only after this)
     atexit.register(publisher.stop)
     _publisher = publisher
     publisher.changed()
@@ -171,6 +171,9 @@ def stop_publishing() -> None:
     if _publisher is not None:
         import atexit
 
+        from ..tf import events
+
+        events.unsubscribe(changed)
         atexit.unregister(_publisher.stop)
         _publisher.stop()
         _publisher = None

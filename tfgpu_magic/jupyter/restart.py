@@ -36,7 +36,8 @@ from . import persist
 from .. import safefile
 from ..errors import PolicyError, short_error, warn
 from ..language.policy import Policy
-from .startup import connection_file, kernel_key, on_next, server_kernel_id
+from .startup import connection_file, kernel_key, on_next
+from ..gpus.processes import server_kernel_id
 
 RESTART_ENV = "TFGPU_MAGIC_RESTART"
 REQUEST_WAIT = 1.0

@@ -22,15 +22,12 @@ from . import persist
 from ..errors import short_error, warn
 
 if TYPE_CHECKING:
-    from ..controller import Controller
     from ..language.policy import Policy
 
 POLICY_ENV = "TFGPU_MAGIC_POLICY"
 """Environment variable through which a tfgpu kernelspec hands its policy to the kernel."""
 LAUNCH_WARNING_ENV = "TFGPU_MAGIC_LAUNCH_WARNING"
 """One line the tfgpu provisioner leaves for the kernel's first cell (e.g. `visible auto` without NVML)."""
-SERVER_PREFIX, SERVER_SUFFIX = "kernel-", ".json"
-"""How a Jupyter server names a kernel's connection file: `kernel-<id>.json`."""
 
 
 def connection_file(shell: Any) -> Path | None:
@@ -45,16 +42,10 @@ def connection_file(shell: Any) -> Path | None:
         return None
 
 
-def server_kernel_id(path: Path) -> str | None:
-    """The kernel id in a connection file named by a Jupyter server (`kernel-<id>.json`)."""
-    name = path.name
-    if name.startswith(SERVER_PREFIX) and name.endswith(SERVER_SUFFIX) and len(name) > len(SERVER_PREFIX + SERVER_SUFFIX):
-        return name[len(SERVER_PREFIX) : -len(SERVER_SUFFIX)]
-    return None
-
-
 def kernel_key(path: Path) -> str:
     """What names the kernel on connection file `path` across restarts (see the module docstring)."""
+    from ..gpus.processes import server_kernel_id  # only in a kernel: `%load_ext` elsewhere skips it
+
     kernel_id = server_kernel_id(path)
     if kernel_id is not None:
         return kernel_id
@@ -120,9 +111,10 @@ def on_next(shell: Any, event: str, callback: Callable[[], None]) -> None:
 
 
 def startup_policy(
-    controller_factory: Callable[[], Controller], configured: list[str], profile_dir: str, shell: Any
+    edit_policy: Callable[[list[str], Policy], Policy], configured: list[str], profile_dir: str, shell: Any
 ) -> tuple[Policy | None, list[str]]:
-    """The policy this kernel starts with (None: no source), and one-line warnings."""
+    """The policy this kernel starts with (None: no source), and one-line warnings. `edit_policy` is
+    the controller's (`Controller.edit_policy`), asked only when directives are configured."""
     persist.upgrade_startup_files(profile_dir)
     default_file = persist.default_path(profile_dir)
     connection = connection_file(shell)
@@ -149,7 +141,7 @@ def startup_policy(
             policy = found
 
     if configured:
-        attempt("configured default_policy", lambda: controller_factory().edit_policy(configured, Policy()))
+        attempt("configured default_policy", lambda: edit_policy(configured, Policy()))
     attempt("saved default", lambda: persist.read_policy(default_file))
     attempt("policy of this kernelspec", lambda: policy_from_env(os.environ))
     if key is not None:

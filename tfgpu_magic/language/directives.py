@@ -2,11 +2,13 @@
 and, for an edit, the status phrases of its part of a policy.
 
 Parsing (`grammar`), dispatch (`views.commands`), `%tfgpu?` (`views.magics`), Tab completion
-(`views.completion`), the status and the README's grammar block all read this table. A new edit
-that sets one policy field from a closed set of words is one entry here (plus the field); another
-edit also needs its parser and applier in `grammar`, an action its function in `actions`.
-`%load_ext` imports this module to build the magic's help: it holds data and small functions only,
-in plain classes (a dataclass costs about 0.7 ms at import, several times this whole module).
+(`views.completion`), the status and the README's grammar block all read this table, and each entry
+carries what its directive does (`parse`, `apply`, `run`). A new edit that sets one policy field
+from a closed set of words is one entry here (plus the field); another edit is its entry plus its
+parser and applier, registered on the entry with `grammar.edit_directive(name, parser)`; an action is its
+entry plus its function, registered with `views.actions.runs(name)`. Nothing else names it.
+It holds data and small functions only, in plain classes (docs/architecture.md, "Rows", says why
+not dataclasses).
 """
 
 from __future__ import annotations
@@ -82,10 +84,19 @@ class Directive:
     describe: for an edit, the status phrases of its part of a policy ([] for TF's default), given
     the policy and optionally the GPUs' nvidia-smi indices by UUID (`Names`).
     details: more than the usage line says, for `%tfgpu?` only ('' for nothing more).
+    reports: the word its report is told as (`describe_report`'s action: "edit", "reset").
+
+    What it does is on the entry too, put there by the room that owns the effect when that room
+    is imported (`grammar` on the first `%tfgpu`, `views.actions` with the dispatcher), so that this
+    module stays a cheap import:
+    parse: words → arguments (an edit's `Edit.args`; an action's one argument); None for an edit
+    that sets one field from `values`, or an action whose argument is one of `choices`.
+    apply: for an edit, (policy, arguments, catalog) → policy; None for a field edit.
+    run: for an action, `(controller, shell, arg, **options)` → what to show (`views.actions`).
     """
 
     __slots__ = ("name", "kind", "forms", "synopsis", "arity", "choices", "field", "values", "options", "slots",
-                 "examples", "describe", "details")
+                 "examples", "describe", "details", "reports", "parse", "apply", "run")
 
     def __init__(
         self,
@@ -103,10 +114,15 @@ class Directive:
         examples: tuple[str, ...] = (),
         describe: Describe | None = None,
         details: str = "",
+        reports: str = "edit",
+        parse: Callable[..., Any] | None = None,
     ) -> None:
         self.name, self.kind, self.forms, self.arity = name, kind, forms, arity
         self.field, self.values, self.options, self.examples = field, values, options, examples
-        self.details = details
+        self.details, self.reports = details, reports
+        self.parse = parse
+        self.apply: Callable[..., Any] | None = None
+        self.run: Callable[..., Any] | None = None
         self.choices = choices or tuple(word for word, _ in values)
         self.synopsis = synopsis or " | ".join(self.choices)
         self.slots = slots or ((Slot(self.choices),) if self.choices else ())
@@ -224,6 +240,18 @@ def gpu_asks(policy: Policy, names: Names | None = None) -> list[str]:
 # ----- the registry ---------------------------------------------------------------------------------
 LOGLEVEL_CHOICES = (*LOGLEVELS, LOGLEVEL_OFF)
 
+def kernelspec_name(word: str) -> str:
+    """`kernelspec NAME`: a name Jupyter accepts, lowercased as `jupyter kernelspec` stores it."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", word, re.ASCII):
+        from ..errors import PolicyError
+        from .policy import quote
+
+        raise PolicyError(f"kernelspec: {quote(word)} is not a valid name; use letters, digits, '.', '_' and '-'")
+    return word.lower()
+
+
 REGISTRY: tuple[Directive, ...] = (
     Directive(
         "status", "action",
@@ -287,7 +315,7 @@ REGISTRY: tuple[Directive, ...] = (
     Directive(
         "reset", "edit",
         (Form("%tfgpu reset", "forget the whole policy (and the env vars this tool set)"),),
-        examples=("reset",), describe=_describe_nothing,
+        examples=("reset",), describe=_describe_nothing, reports="reset",
     ),
     Directive(
         "apply", "action",
@@ -373,7 +401,7 @@ REGISTRY: tuple[Directive, ...] = (
             Option("--display-name", "TEXT", "the name shown in the launcher"),
             Option("--remove", None, "uninstall it"),
         ),
-        examples=("kernelspec tf-gpu0",),
+        examples=("kernelspec tf-gpu0",), parse=lambda args: kernelspec_name(args[0]),
     ),
 )
 

@@ -186,10 +186,10 @@ def parse_words(words: Sequence[str], catalog: GpuCatalog | None = None) -> Pars
     args = list(words[1:])
     if spec.kind == "action":
         return _action(spec, args)
-    if spec.field is not None:  # one word of a closed set sets one field
+    if spec.parse is None:  # a field edit: one word of a closed set sets one field
         _expect_spec(spec, args)
         return Edit(spec.name, {"value": spec.value(_choice(spec, args[0]))})
-    return Edit(spec.name, _EDITS[spec.name][0](args, catalog))
+    return Edit(spec.name, spec.parse(args, catalog))
 
 
 def default_edit(name: str) -> Edit:
@@ -204,10 +204,10 @@ def default_edit(name: str) -> Edit:
 def apply_edit(policy: Policy, edit: Edit, catalog: GpuCatalog | None = None) -> Policy:
     """The policy `edit` makes of `policy`, not validated: the steps of a `%%tfgpu` cell may
     contradict each other on the way, only the cell's result is validated."""
-    field = directives.spec(edit.name).field
-    if field is not None:
-        return policy.edited(**{field: edit.args["value"]})
-    return _EDITS[edit.name][1](policy, edit.args, catalog)
+    spec = directives.spec(edit.name)
+    if spec.apply is None:
+        return policy.edited(**{spec.field or "": edit.args["value"]})
+    return spec.apply(policy, edit.args, catalog)
 
 
 def _expect_spec(spec: directives.Directive, args: list[str]) -> None:
@@ -225,12 +225,8 @@ def _choice(spec: directives.Directive, word: str) -> str:
 # ----- actions ----------------------------------------------------------------------------------
 def _action(spec: directives.Directive, args: list[str]) -> Action:
     _expect_spec(spec, args)
-    if spec.name == "kernelspec":
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args[0], re.ASCII):
-            raise PolicyError(
-                f"kernelspec: {quote(args[0])} is not a valid name; use letters, digits, '.', '_' and '-'"
-            )
-        return Action(spec.name, args[0].lower())
+    if spec.parse is not None:
+        return Action(spec.name, spec.parse(args))
     if spec.choices:
         return Action(spec.name, _choice(spec, args[0]) if args else spec.choices[0])
     return Action(spec.name)
@@ -240,16 +236,15 @@ def _action(spec: directives.Directive, args: list[str]) -> Action:
 Args = dict[str, Any]
 Parser = Callable[[list[str], GpuCatalog | None], Args]
 Applier = Callable[[Policy, Mapping[str, Any], GpuCatalog | None], Policy]
-_EDITS: dict[str, tuple[Parser, Applier]] = {}
-"""Edit name → (parser, applier) for every edit that is not a field edit (`Directive.field`);
-tests/test_registry.py checks that the registry agrees."""
 
 
-def _edit(name: str, parser: Parser) -> Callable[[Applier], Applier]:
-    """Register `parser` and the decorated applier as edit `name`."""
+def edit_directive(name: str, parser: Parser) -> Callable[[Applier], Applier]:
+    """Put `parser` and the decorated applier on edit `name`'s registry entry (an edit that is not a
+    field edit; tests/test_registry.py checks that every such edit has both)."""
 
     def register(applier: Applier) -> Applier:
-        _EDITS[name] = (parser, applier)
+        entry = directives.spec(name)
+        entry.parse, entry.apply = parser, applier
         return applier
 
     return register
@@ -270,7 +265,7 @@ def _parse_limit(args: list[str], catalog: GpuCatalog | None) -> Args:
     return {"entries": tuple(_per_gpu_mib(size, catalog, gpus)), **({"written": written} if written else {})}
 
 
-@_edit("limit", _parse_limit)
+@edit_directive("limit", _parse_limit)
 def _apply_limit(policy: Policy, args: Mapping[str, Any], catalog: GpuCatalog | None) -> Policy:
     if args.get("off"):
         return _limit_off(policy, args["gpus"])
@@ -324,7 +319,7 @@ def _parse_visible(args: list[str], catalog: GpuCatalog | None) -> Args:
     return {"gpus": gpus}
 
 
-@_edit("visible", _parse_visible)
+@edit_directive("visible", _parse_visible)
 def _apply_visible(policy: Policy, args: Mapping[str, Any], catalog: GpuCatalog | None) -> Policy:
     why = args.get("why")
     others = tuple(source for source in policy.sources if source[0] != "visible")
@@ -364,7 +359,7 @@ def _parse_split(args: list[str], catalog: GpuCatalog | None) -> Args:
     return {"gpu": gpu, "sizes": parse_parts(args[1], gpu, catalog)}
 
 
-@_edit("split", _parse_split)
+@edit_directive("split", _parse_split)
 def _apply_split(policy: Policy, args: Mapping[str, Any], catalog: GpuCatalog | None) -> Policy:
     if "cpu" in args:
         return policy.edited(cpu_devices=args["cpu"])
@@ -386,7 +381,7 @@ def _parse_reset(args: list[str], catalog: GpuCatalog | None) -> Args:
     return {}
 
 
-@_edit("reset", _parse_reset)
+@edit_directive("reset", _parse_reset)
 def _apply_reset(policy: Policy, args: Mapping[str, Any], catalog: GpuCatalog | None) -> Policy:
     return Policy()
 

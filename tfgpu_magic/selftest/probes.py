@@ -73,7 +73,7 @@ import warnings
 import tensorflow as tf
 tf.constant(1) + 1
 import tfgpu_magic
-from tfgpu_magic.controller import get_controller
+from tfgpu_magic import get_controller
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     applied = tfgpu_magic.configure(*POLICY)
@@ -117,8 +117,8 @@ report(nvml=processes(inventory), who=[{"pid": row["pid"], "gpu_memory": row["gp
 """
 
 DOCTOR = """\
-from tfgpu_magic.actions import doctor
-from tfgpu_magic.controller import get_controller
+from tfgpu_magic.views.actions import doctor
+from tfgpu_magic import get_controller
 report(checks=json.loads(doctor(get_controller(), json=True)))
 """
 

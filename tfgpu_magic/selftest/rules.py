@@ -12,12 +12,12 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from ..errors import PolicyError
 from ..gpus.cudaenv import parse_cuda_visible
-from ..gpus.doctor import FAIL as DOCTOR_FAIL
-from ..gpus.doctor import INFO, OK, WARN
+from ..doctor import FAIL as DOCTOR_FAIL
+from ..doctor import INFO, OK, WARN
 from ..gpus.inventory import Gpu, Inventory, freest_first
 from ..tf.envvars import CUDA_VISIBLE_DEVICES
 from ..tf.importhook import severity
-from ..tf.memory import mib_text
+from ..language.sizes import mib_text
 from . import probes
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"

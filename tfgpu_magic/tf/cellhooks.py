@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import initcell, oom
-from .memory import WATCH_ATTRIBUTE
-from .memory import Controller as MemorySource
+from . import events, initcell, oom
+from .memory import peaks_per_cell
+from .memory import MemorySource
 from .runtime import current_shell
 
 
@@ -20,7 +20,5 @@ def on_tensorflow_import(controller: MemorySource, shell: Any = None) -> None:
     if shell is None or not hasattr(shell, "events"):
         return
     initcell.watch_initialization(shell)
-    oom.install(shell, controller, peak_from_cell=lambda: getattr(shell, WATCH_ATTRIBUTE, None) is not None)
-    from ..jupyter import kernelstate
-
-    kernelstate.changed()  # TensorFlow imported: the published state says so
+    oom.install(shell, controller, peak_from_cell=lambda: peaks_per_cell(shell))
+    events.changed()  # TensorFlow imported: a published state says so

@@ -14,6 +14,7 @@ import linecache
 from types import FrameType
 from typing import Any, Callable, NamedTuple
 
+from . import events
 from .memory import initialized
 from .runtime import call_at_initialization, where
 
@@ -89,9 +90,7 @@ def _record_once(text: str) -> None:
     global _record
     if _record is None:
         _record = text
-        from ..jupyter import kernelstate
-
-        kernelstate.changed(initialized_by=text)  # the published state names the initializing cell
+        events.changed(initialized_by=text)  # a published state names the initializing cell
 
 
 class InitWatch:

@@ -3,7 +3,8 @@ process's pool on the card (NVML), the card's total and free, other processes, a
 
 TensorFlow is read from `sys.modules`, never imported, and its memory statistics only once its
 runtime is initialized: `get_memory_info` and `list_logical_devices` would initialize it themselves
-(DESIGN §2). Before that, the cap is what the plan would apply. `MemoryAPI` is the seam that tests
+(see `initialized` in TensorFlow's python/eager/context.py,
+https://github.com/tensorflow/tensorflow/blob/master/tensorflow/python/eager/context.py). Before that, the cap is what the plan would apply. `MemoryAPI` is the seam that tests
 fill with a fake (tests/fake_memory.py); the cards' figures come from the NVML inventory.
 """
 
@@ -11,31 +12,38 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Any, Mapping, NamedTuple, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Protocol, Sequence
 
 from ..gpus.cudaenv import parse_cuda_visible
-from ..gpus.inventory import MIB, Gpu, Inventory, self_mib
+from ..gpus.inventory import Gpu, Inventory, self_mib
 from ..language.policy import ALL_GPUS
+from ..language.sizes import mib_text
 from .envvars import CUDA_VISIBLE_DEVICES, TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR
 from .plan import Plan
-from .runtime import ASYNC_ALLOCATOR, ConfigAPI, RuntimeState, eager_flags
+from .configapi import ConfigAPI
+from .runtime import ASYNC_ALLOCATOR, RuntimeState, eager_flags
 
-NO_GPU_HINT = "`%tfgpu doctor` says why"
-WATCH_ATTRIBUTE = "_tfgpu_watch"
-"""The shell attribute holding `%tfgpu watch`'s hooks while it is on (its peaks are per cell then)."""
+if TYPE_CHECKING:
+    from ..language.grammar import GpuCatalog
+
+PEAKS_ATTRIBUTE = "_tfgpu_cell_peaks"
+"""The shell attribute that says the peaks start afresh before each cell (read and set only here)."""
 
 
-class Catalog(Protocol):
-    def uuid_to_index(self) -> dict[str, str]: ...
+def peaks_per_cell(shell: Any, on: bool | None = None) -> bool:
+    """Whether something (`%tfgpu watch`) resets the peaks before each cell of `shell`; `on` sets it."""
+    if on is not None:
+        setattr(shell, PEAKS_ATTRIBUTE, on)
+    return bool(getattr(shell, PEAKS_ATTRIBUTE, False))
 
 
-class Controller(Protocol):
-    """What the figures read of the controller (`tfgpu_magic.controller.Controller`); a protocol, so
-    that the controller can reach this module from its import hook without an import cycle."""
+class MemorySource(Protocol):
+    """What the figures read of the controller (`tfgpu_magic.controller.Controller`): the `tf` room
+    sits below the controller, so it names the controller's surface instead of importing it."""
 
     policy: Any
     api: ConfigAPI
-    catalog: Catalog
+    catalog: GpuCatalog
     environ: Mapping[str, str]
 
     def state(self) -> RuntimeState: ...
@@ -54,12 +62,12 @@ class MemoryAPI(Protocol):
     """The TensorFlow calls the memory figures need; called only once the runtime is initialized."""
 
     def initialized(self) -> bool: ...
-    def logical_gpus(self) -> list[str]: ...
-    """TensorFlow's logical GPUs (`GPU:0`, ...) in its order."""
-    def info(self, device: str) -> tuple[int, int] | None: ...
-    """(current, peak) bytes of TensorFlow's tensors on `device`; None where TF keeps no statistics."""
-    def reset(self, device: str) -> None: ...
-    """Start `device`'s peak afresh (`reset_memory_stats`)."""
+    def logical_gpus(self) -> list[str]:
+        """TensorFlow's logical GPUs (`GPU:0`, ...) in its order."""
+    def info(self, device: str) -> tuple[int, int] | None:
+        """(current, peak) bytes of TensorFlow's tensors on `device`; None where TF keeps no statistics."""
+    def reset(self, device: str) -> None:
+        """Start `device`'s peak afresh (`reset_memory_stats`)."""
 
 
 class TensorFlowMemory:
@@ -122,7 +130,7 @@ class Cap(NamedTuple):
         return f"{mib_text(self.mib)}{parts} ({self.source}{share}{soft})"
 
 
-def _cap_source(controller: Controller, ref: str | None) -> str:
+def _cap_source(controller: MemorySource, ref: str | None) -> str:
     """Which part of the policy sets GPU `ref`'s cap, with how it was chosen (`policy.sources`)."""
     policy = controller.policy
     aliases = controller.catalog.uuid_to_index()
@@ -138,7 +146,7 @@ def _cap_source(controller: Controller, ref: str | None) -> str:
     return words + (f"; {'; '.join(why)}" if why else "")
 
 
-def _growth_wanted(controller: Controller, plan: Any) -> bool:
+def _growth_wanted(controller: MemorySource, plan: Any) -> bool:
     env = plan.env_map
     forced = env.get(TF_FORCE_GPU_ALLOW_GROWTH, controller.environ.get(TF_FORCE_GPU_ALLOW_GROWTH))
     return bool(plan.growth) or forced == "true"
@@ -153,7 +161,7 @@ def _no_cap(growth: bool, in_force: bool, soft: bool = False) -> str:
 
 
 # ----- which GPUs, in TensorFlow's order --------------------------------------------------------
-def cuda_order(controller: Controller, inventory: Inventory, state: RuntimeState, plan: Plan) -> list[str]:
+def cuda_order(controller: MemorySource, inventory: Inventory, state: RuntimeState, plan: Plan) -> list[str]:
     """nvidia-smi indices of the GPUs CUDA shows this process, in TensorFlow's order (GPU:0 first).
 
     `CUDA_VISIBLE_DEVICES` as CUDA read it once started, else as the plan will set it. The policy
@@ -175,21 +183,22 @@ def cuda_order(controller: Controller, inventory: Inventory, state: RuntimeState
     return order
 
 
-class Card(NamedTuple):
-    """One visible GPU: the NVML card (None when only TensorFlow lists it) and TensorFlow's index."""
+class VisibleGpu(NamedTuple):
+    """One GPU this process uses, in CUDA's order: NVML's card (`gpus.inventory.Gpu`; None when only
+    TensorFlow lists it) paired with TensorFlow's index, which the card alone cannot know."""
 
     gpu: Gpu | None
     tf_index: int
 
 
-def visible_cards(controller: Controller, inventory: Inventory, state: RuntimeState, plan: Plan) -> list[Card]:
+def visible_cards(controller: MemorySource, inventory: Inventory, state: RuntimeState, plan: Plan) -> list[VisibleGpu]:
     """The GPUs this process uses (or will), NVML's when it has them, else TensorFlow's once listed."""
     if inventory.available and inventory.gpus:
         by_ref = {gpu.ref: gpu for gpu in inventory.gpus}
-        cards = [Card(by_ref[ref], index) for index, ref in enumerate(cuda_order(controller, inventory, state, plan))
+        cards = [VisibleGpu(by_ref[ref], index) for index, ref in enumerate(cuda_order(controller, inventory, state, plan))
                  if ref in by_ref]
     elif state.devices_listed:
-        cards = [Card(None, index) for index, _ in enumerate(controller.api.devices("GPU"))]
+        cards = [VisibleGpu(None, index) for index, _ in enumerate(controller.api.devices("GPU"))]
     else:
         return []
     if state.devices_listed:  # set_visible_devices may hide some of them from TensorFlow
@@ -203,7 +212,7 @@ def visible_cards(controller: Controller, inventory: Inventory, state: RuntimeSt
     return cards
 
 
-def logical_ids(controller: Controller, cards: Sequence[Card], state: RuntimeState) -> dict[int, list[str]]:
+def logical_ids(controller: MemorySource, cards: Sequence[VisibleGpu], state: RuntimeState) -> dict[int, list[str]]:
     """TF index of each card → its logical GPUs (`GPU:k`): TensorFlow numbers the logical GPUs of the
     visible cards in turn, each card's split in order. Once initialized only (read from TF's record)."""
     if not state.initialized:
@@ -219,7 +228,7 @@ def logical_ids(controller: Controller, cards: Sequence[Card], state: RuntimeSta
     return ids
 
 
-def cap_for(controller: Controller, card: Card, state: RuntimeState, plan: Plan) -> Cap:
+def cap_for(controller: MemorySource, card: VisibleGpu, state: RuntimeState, plan: Plan) -> Cap:
     """The cap of `card`: TensorFlow's record once initialized, else what the plan would apply."""
     ref = card.gpu.ref if card.gpu is not None else None
     soft = (plan.env_map.get(TF_GPU_ALLOCATOR) or controller.environ.get(TF_GPU_ALLOCATOR)) == ASYNC_ALLOCATOR
@@ -243,9 +252,51 @@ def cap_for(controller: Controller, card: Card, state: RuntimeState, plan: Plan)
 
 
 # ----- the figures ----------------------------------------------------------------------------------
-def memory(controller: Controller, api: MemoryAPI | None = None, inventory: Inventory | None = None) -> list[dict]:
-    """One plain dict per visible GPU (TensorFlow's order); empty without GPUs. Never imports or
-    initializes TensorFlow: TensorFlow's figures are None until its runtime is initialized."""
+class OtherProcess(NamedTuple):
+    pid: int
+    mib: int | None
+
+
+class GpuMemory(NamedTuple):
+    """One visible GPU's figures (`memory_rows`); `memory()` gives each as a plain dict."""
+
+    gpu: str | None
+    tf_device: str
+    logical_devices: tuple[str, ...]
+    name: str | None
+    uuid: str | None
+    initialized: bool
+    tensors_bytes: int | None
+    peak_bytes: int | None
+    process_mib: int | None
+    total_mib: int | None
+    free_mib: int | None
+    others_mib: int | None
+    other_processes: tuple[OtherProcess, ...]
+    cap_mib: int | None
+    cap_parts_mib: tuple[int, ...] | None
+    cap_source: str
+    cap_in_force: bool
+    cap_soft: bool
+    growth: bool | None
+    cap_text: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """The public form: JSON-ready, lists where the row has tuples."""
+        return {**self._asdict(), "logical_devices": list(self.logical_devices),
+                "other_processes": [other._asdict() for other in self.other_processes],
+                "cap_parts_mib": list(self.cap_parts_mib) if self.cap_parts_mib is not None else None}
+
+
+def memory(controller: MemorySource, api: MemoryAPI | None = None, inventory: Inventory | None = None) -> list[dict]:
+    """One plain dict per visible GPU (`tfgpu_magic.memory()`): `memory_rows` as dicts."""
+    return [row.as_dict() for row in memory_rows(controller, api, inventory)]
+
+
+def memory_rows(controller: MemorySource, api: MemoryAPI | None = None,
+                inventory: Inventory | None = None) -> list[GpuMemory]:
+    """One row per visible GPU (TensorFlow's order); empty without GPUs. Never imports or initializes
+    TensorFlow: TensorFlow's figures are None until its runtime is initialized."""
     api = api or TensorFlowMemory()
     inventory = inventory or controller.inventory()
     state = controller.state()
@@ -259,29 +310,29 @@ def memory(controller: Controller, api: MemoryAPI | None = None, inventory: Inve
         figures = [stats[device] for device in devices if stats.get(device) is not None]
         cap = cap_for(controller, card, state, plan)
         others = [proc for proc in gpu.processes if not proc.is_self] if gpu is not None else []
-        rows.append({
-            "gpu": gpu.ref if gpu is not None else None,
-            "tf_device": f"GPU:{card.tf_index}",
-            "logical_devices": devices,
-            "name": gpu.name if gpu is not None else None,
-            "uuid": gpu.uuid if gpu is not None else None,
-            "initialized": state.initialized,
-            "tensors_bytes": sum(f[0] for f in figures) if figures else None,
-            "peak_bytes": sum(f[1] for f in figures) if figures else None,
-            "process_mib": self_mib(gpu) if gpu is not None else None,
-            "total_mib": gpu.memory_total_mib if gpu is not None else None,
-            "free_mib": gpu.memory_free_mib if gpu is not None else None,
-            "others_mib": None if gpu is None or any(p.used_mib is None for p in others)
+        rows.append(GpuMemory(
+            gpu=gpu.ref if gpu is not None else None,
+            tf_device=f"GPU:{card.tf_index}",
+            logical_devices=tuple(devices),
+            name=gpu.name if gpu is not None else None,
+            uuid=gpu.uuid if gpu is not None else None,
+            initialized=state.initialized,
+            tensors_bytes=sum(f[0] for f in figures) if figures else None,
+            peak_bytes=sum(f[1] for f in figures) if figures else None,
+            process_mib=self_mib(gpu) if gpu is not None else None,
+            total_mib=gpu.memory_total_mib if gpu is not None else None,
+            free_mib=gpu.memory_free_mib if gpu is not None else None,
+            others_mib=None if gpu is None or any(p.used_mib is None for p in others)
             else sum(p.used_mib or 0 for p in others),
-            "other_processes": [{"pid": proc.pid, "mib": proc.used_mib} for proc in others],
-            "cap_mib": cap.mib,
-            "cap_parts_mib": list(cap.parts_mib) if cap.parts_mib is not None else None,
-            "cap_source": cap.source,
-            "cap_in_force": cap.in_force,
-            "cap_soft": cap.soft,
-            "growth": cap.growth,
-            "cap_text": cap.describe(gpu.memory_total_mib if gpu is not None else None),
-        })
+            other_processes=tuple(OtherProcess(proc.pid, proc.used_mib) for proc in others),
+            cap_mib=cap.mib,
+            cap_parts_mib=tuple(cap.parts_mib) if cap.parts_mib is not None else None,
+            cap_source=cap.source,
+            cap_in_force=cap.in_force,
+            cap_soft=cap.soft,
+            growth=cap.growth,
+            cap_text=cap.describe(gpu.memory_total_mib if gpu is not None else None),
+        ))
     return rows
 
 
@@ -289,78 +340,6 @@ def _tensor_stats(api: MemoryAPI, devices: list[str]) -> dict[str, tuple[int, in
     if not devices or not api.initialized():
         return {}
     return {device: api.info(device) for device in devices}
-
-
-def no_gpu_line(controller: Controller, inventory: Inventory | None = None) -> str:
-    """The one line without GPUs: why NVML and TensorFlow list none."""
-    inventory = inventory or controller.inventory()
-    state = controller.state()
-    nvml = inventory.error or "NVML sees none"
-    if state.devices_listed:
-        return f"No GPU: TensorFlow lists none, and {nvml}. {NO_GPU_HINT}."
-    return f"No GPU found: {nvml}. {NO_GPU_HINT}."
-
-
-# ----- text -------------------------------------------------------------------------------------------
-def mib_text(mib: float | None) -> str:
-    """MiB as people read it: `512 MiB`, `3.5 GiB`; `?` when unknown."""
-    if mib is None:
-        return "?"
-    if abs(mib) >= 1024 * 1024:
-        return f"{mib / 1024 / 1024:.1f} TiB"
-    return f"{mib / 1024:.1f} GiB" if abs(mib) >= 1024 else f"{mib:.0f} MiB"
-
-
-def bytes_text(count: int | None) -> str:
-    return "?" if count is None else (mib_text(count / MIB) if abs(count) >= MIB else f"{count / 1024:.0f} KiB")
-
-
-def summary(row: dict) -> str:
-    """One GPU's figures in a phrase, for the panel's GPU row: `tensors 1.6 GiB (peak 2.1 GiB) · cap
-    4.0 GiB (limit on GPU 0, 5% of the card)`; the cap alone before initialization."""
-    cap = f"cap {row['cap_text']}" if row["cap_in_force"] else f"cap at initialization {row['cap_text']}"
-    if row["tensors_bytes"] is None:
-        return cap
-    return f"tensors {bytes_text(row['tensors_bytes'])} (peak {bytes_text(row['peak_bytes'])}) · {cap}"
-
-
-HEADERS = ("GPU", "TF", "tensors now / peak", "this process", "others", "free / total", "cap")
-
-
-def memory_text(controller: Controller, api: MemoryAPI | None = None, inventory: Inventory | None = None) -> str:
-    """`%tfgpu memory`: one compact row per visible GPU, or the one line without GPUs."""
-    inventory = inventory or controller.inventory()
-    rows = memory(controller, api, inventory)
-    if not rows:
-        return no_gpu_line(controller, inventory)
-    return render(rows, controller.state())
-
-
-def render(rows: list[dict], state: RuntimeState) -> str:
-    """The table of `memory()`'s rows, columns aligned, and a line on what the figures mean."""
-    table = [HEADERS]
-    for row in rows:
-        tensors = ("—" if not row["initialized"] else
-                   f"{bytes_text(row['tensors_bytes'])} / {bytes_text(row['peak_bytes'])}"
-                   if row["tensors_bytes"] is not None else "no statistics")
-        table.append((
-            row["gpu"] if row["gpu"] is not None else "?",
-            row["tf_device"],
-            tensors,
-            mib_text(row["process_mib"]) if row["gpu"] is not None else "?",
-            mib_text(row["others_mib"]) if row["gpu"] is not None else "?",
-            f"{mib_text(row['free_mib'])} / {mib_text(row['total_mib'])}",
-            row["cap_text"],
-        ))
-    widths = [max(len(line[i]) for line in table) for i in range(len(HEADERS))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table]
-    if not state.imported:
-        lines.append("TensorFlow is not imported: no tensors yet; the cap is what will apply at initialization.")
-    elif not state.initialized:
-        lines.append("TensorFlow's runtime is not initialized: no tensors yet; the cap is what will apply then.")
-    else:
-        lines.append("tensors: TensorFlow's own count; this process: its pool on the card (NVML), tensors or not.")
-    return "\n".join(lines)
 
 
 # ----- what an OOM asked for --------------------------------------------------------------------------

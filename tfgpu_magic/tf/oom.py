@@ -35,8 +35,9 @@ from types import FrameType
 from typing import Any, Callable
 
 from ..errors import error_text
-from .memory import MemoryAPI, TensorFlowMemory, bytes_text, memory, mib_text, oom_types, parse_oom
-from .memory import Controller as MemorySource
+from ..language.sizes import bytes_text, mib_text
+from .memory import MemoryAPI, TensorFlowMemory, memory_rows, oom_types, parse_oom
+from .memory import MemorySource
 
 RELEASE_DEFAULT = True
 """Default of the magics' config trait `TFGPUMagics.release_oom_frames` (`%config` can turn it off)."""
@@ -163,30 +164,30 @@ def explain(error: BaseException, controller: MemorySource, api: MemoryAPI | Non
         asked = bytes_text(request.bytes) if request.bytes is not None else f"? ({request.dtype}: size unknown)"
         lines.append(f"TensorFlow ran out of memory on {device or 'an unnamed device'}: "
                      f"it asked for {asked} (shape [{shape}], {request.dtype}).")
-    rows = memory(controller, api) if device is None or device.startswith("GPU") else []
-    row = next((r for r in rows if device in r["logical_devices"] or device == r["tf_device"]), None)
+    rows = memory_rows(controller, api) if device is None or device.startswith("GPU") else []
+    row = next((r for r in rows if device in r.logical_devices or device == r.tf_device), None)
     cap_is_cause = False
     if device is not None and device.startswith("CPU"):
         lines.append("That is host memory (RAM), not a GPU: GPU caps do not apply.")
     elif row is not None:
-        holds = f"this process holds {mib_text(row['process_mib'])} of the card's {mib_text(row['total_mib'])}"
-        others = row["other_processes"]
-        who = ", ".join(f"pid {p['pid']} {mib_text(p['mib'])}" for p in others) if others else "none"
-        lines.append(f"Cap in force: {row['cap_text']}; {holds}; other processes: {who}.")
-        if row["peak_bytes"] is not None:
+        holds = f"this process holds {mib_text(row.process_mib)} of the card's {mib_text(row.total_mib)}"
+        others = row.other_processes
+        who = ", ".join(f"pid {p.pid} {mib_text(p.mib)}" for p in others) if others else "none"
+        lines.append(f"Cap in force: {row.cap_text}; {holds}; other processes: {who}.")
+        if row.peak_bytes is not None:
             since = "the cell's peak" if peak_from_cell else "peak so far (`%tfgpu watch on` resets it per cell)"
-            lines.append(f"Tensors now {bytes_text(row['tensors_bytes'])}, {since} {bytes_text(row['peak_bytes'])}.")
-        held = max(row["tensors_bytes"] or 0, (row["peak_bytes"] or 0) if peak_from_cell else 0)
+            lines.append(f"Tensors now {bytes_text(row.tensors_bytes)}, {since} {bytes_text(row.peak_bytes)}.")
+        held = max(row.tensors_bytes or 0, (row.peak_bytes or 0) if peak_from_cell else 0)
         need = (request.bytes or 0) + held if request is not None else 0
-        cap_is_cause = row["cap_mib"] is not None and need > row["cap_mib"] * 1024 * 1024 * CAP_MARGIN and (
-            row["total_mib"] is None or row["cap_mib"] < row["total_mib"])
+        cap_is_cause = row.cap_mib is not None and need > row.cap_mib * 1024 * 1024 * CAP_MARGIN and (
+            row.total_mib is None or row.cap_mib < row.total_mib)
     steps = ["a smaller batch or tensor"]
     if cap_is_cause:
         steps.append("`%tfgpu limit off` (the cap is what ran out)")
-    if row is not None and not row["growth"]:
+    if row is not None and not row.growth:
         steps.append("`%tfgpu growth on`, so the pool grows only as needed")
     if row is not None:
-        changed = cap_is_cause or not row["growth"]
+        changed = cap_is_cause or not row.growth
         steps.append(f"`%tfgpu restart` to {'apply that and ' if changed else ''}give TensorFlow's pool back to the card")
     lines.append("Next: " + "; ".join(steps) + ".")
     return [f"tfgpu: {line}" for line in lines]

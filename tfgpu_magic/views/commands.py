@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import actions
+from . import actions
 from ..errors import PolicyError
 from ..language import directives
 from ..language.grammar import Action, Edit, parse_cell, parse_words, split_words, suggest
@@ -39,8 +39,8 @@ def run_line(controller: Controller, shell: Any, line: str) -> None:
         keywords = {name.lstrip("-").replace("-", "_"): value for name, value in options.items()}
         show(actions.run(directive.name, controller, shell, directive.arg, **keywords))
     else:
-        action = "reset" if directive.name == "reset" else "edit"
-        show(once_per_cell(shell, actions.edit_report(controller.edit([directive]), shell, action)))
+        said = directives.spec(directive.name).reports
+        show(once_per_cell(shell, actions.edit_report(controller.edit([directive]), shell, said)))
 
 
 def once_per_cell(shell: Any, text: str) -> str:

@@ -61,8 +61,9 @@ class TFGPUMagics(Magics):
         """The process-wide controller (or the one given), created on first use."""
         if self._controller is None:
             from ..controller import get_controller
+            from .status import told
 
-            self._controller = get_controller()
+            self._controller = told(get_controller())
         return self._controller
 
     @property
@@ -93,7 +94,7 @@ def load(shell: Any) -> TFGPUMagics:
     magics = TFGPUMagics(shell)  # a configured `release_oom_frames = False` reaches `oom` through the observer
     shell.register_magics(magics)
     register_completer(shell, lambda: magics.controller)
-    policy, warnings = startup_policy(lambda: magics.controller, magics.default_policy, magics.profile_dir, shell)
+    policy, warnings = startup_policy(lambda *edit: magics.controller.edit_policy(*edit), magics.default_policy, magics.profile_dir, shell)
     for warning in warnings:
         say(shell, f"tfgpu_magic: {warning}", warning=True)
     if policy is not None:

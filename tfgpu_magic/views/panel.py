@@ -16,7 +16,7 @@ import html
 import threading
 from typing import Any, Callable
 
-from ..controller import Controller, GpuRow, get_controller
+from ..controller import Controller, ListedGpu, get_controller
 from ..errors import PolicyError
 from ..gpus.inventory import Gpu
 from ..jupyter.restart import TO_DO_FRONTEND
@@ -24,10 +24,10 @@ from ..language.directives import LOGLEVEL_OFF
 from ..language.grammar import Edit, default_edit
 from ..language.policy import LOGLEVELS
 from ..language.words import ALLOCATORS
-from ..tf.memory import mib_text
+from ..language.sizes import directive_size, gib_pair, mib_text
 from .confirm import whole_layout
 from .results import badge, state_label_html, text_html
-from .status import describe_report
+from .status import describe_report, told
 
 REFRESH_SECONDS = 2.0
 LOCKED_REASON = "TensorFlow is initialized: edits below are recorded and apply with Restart kernel and apply"
@@ -55,20 +55,12 @@ def _cell(text: str, title: str = "") -> str:
     return f"<div style='{CELL_CSS}'{tip}>{text}</div>"
 
 
-def gib_pair(used_mib: int, total_mib: int) -> str:
-    """Used / total as people read a card: `20.0 / 80 GiB` (MiB on cards under 1 GiB)."""
-    if total_mib < 1024:
-        return f"{used_mib} / {total_mib} MiB"
-    total = f"{total_mib // 1024}" if total_mib % 1024 == 0 else f"{total_mib / 1024:.1f}"
-    return f"{used_mib / 1024:.1f} / {total} GiB"
-
-
 def own_mib(gpu: Gpu | None) -> int:
     """MiB this kernel's process holds on `gpu` (NVML's process list; 0 when absent or unknown)."""
     return sum(p.used_mib or 0 for p in gpu.processes if p.is_self) if gpu is not None else 0
 
 
-def memory_bar(row: GpuRow, gpu: Gpu | None = None) -> str:
+def memory_bar(row: ListedGpu, gpu: Gpu | None = None) -> str:
     """A bar of used/total memory, this kernel's share in its own colour, and `20.0 / 80 GiB`;
     themed with JupyterLab's CSS variables."""
     if row.total_mib is None or row.used_mib is None:
@@ -104,7 +96,7 @@ def processes_text(gpu: Gpu | None) -> str:
     return _cell(" · ".join(parts) or "<span style='opacity:.6'>no processes</span>", title)
 
 
-def card_text(row: GpuRow, gpu: Gpu | None) -> str:
+def card_text(row: ListedGpu, gpu: Gpu | None) -> str:
     """The card's name without the vendor prefix, and its MIG instances when it is split."""
     name = row.name.removeprefix("NVIDIA ")
     migs = len(gpu.mig_devices) if gpu is not None else 0
@@ -112,13 +104,9 @@ def card_text(row: GpuRow, gpu: Gpu | None) -> str:
     return _cell(f"{html.escape(name)}{mig}", row.name)
 
 
-def _size_text(mib: int) -> str:
-    return f"{mib // 1024}GB" if mib % 1024 == 0 else f"{mib}MB"
-
-
 def limit_text(mib: int | None) -> str:
     """A limit as the grammar writes it ('' for none)."""
-    return "" if mib is None else _size_text(mib)
+    return "" if mib is None else directive_size(mib)
 
 
 def split_text(sizes: tuple[int, ...] | None) -> str:
@@ -126,8 +114,8 @@ def split_text(sizes: tuple[int, ...] | None) -> str:
     if not sizes:
         return ""
     if len(set(sizes)) == 1:
-        return f"{len(sizes)}x{_size_text(sizes[0])}"
-    return ",".join(_size_text(mib) for mib in sizes)
+        return f"{len(sizes)}x{directive_size(sizes[0])}"
+    return ",".join(directive_size(mib) for mib in sizes)
 
 
 class Panel:
@@ -142,7 +130,7 @@ class Panel:
         import ipywidgets as w
 
         self.w = w
-        self.controller = controller or get_controller()
+        self.controller = controller or told(get_controller())
         self.shell = shell
         self.restart = restart
         self._syncing = False
@@ -335,11 +323,12 @@ class Panel:
         """Re-read memory, utilization and processes (NVML) into the rows; with live memory ticked,
         TensorFlow's figures and the cap too (`%tfgpu memory`'s, never initializing TensorFlow), under
         the table."""
-        from ..tf.memory import memory, summary
+        from ..tf.memory import memory_rows
+        from .figures import summary
 
         rows, _ = self.controller.gpus()
         gpus = {gpu.ref: gpu for gpu in self.controller.inventory().gpus}
-        figures = {row["gpu"]: summary(row) for row in memory(self.controller)} if self.live.value else {}
+        figures = {row.gpu: summary(row) for row in memory_rows(self.controller)} if self.live.value else {}
         for row in rows:
             if row.ref in self.bars:
                 gpu = gpus.get(row.ref)

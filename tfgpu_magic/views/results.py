@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..gpus.inventory import Inventory
 from ..tf import initcell
 from ..language.policy import short_uuid
+from ..language.sizes import mib_count
 from .status import StatusSnapshot, no_gpus_text, shown_variable, status_text
 
 if TYPE_CHECKING:
-    from ..gpus.doctor import Check
+    from ..doctor import Check
     from ..selftest.report import Row
     from ..tf.runtime import RuntimeState
 
@@ -34,7 +35,7 @@ LOCK_BADGE = (
 TABLE = "border-collapse:collapse;font-size:var(--jp-code-font-size, 13px);margin:2px 0"
 CELL = "text-align:left;vertical-align:top;padding:1px 8px 1px 0"
 VERDICT_COLORS = {"ok": OK_COLOR, "warn": WARN_COLOR, "FAIL": ERROR_COLOR}
-"""The doctor's verdicts (`gpus.doctor.OK` ...) in colour; `info` stays in the text colour."""
+"""The doctor's verdicts (`doctor.OK` ...) in colour; `info` stays in the text colour."""
 SELFTEST_COLORS = {"pass": OK_COLOR, "fail": ERROR_COLOR}
 """The selftest's verdicts in colour; `skip` stays in the text colour."""
 TOOLTIP_CHARS = 4096
@@ -139,12 +140,11 @@ def gpus_html(inventory: Inventory) -> str:
     head = "".join(f"<th style='{CELL}'>{title}</th>" for title in ("GPU", "name", "memory used", "busy", "UUID"))
     lines = [f"<tr>{head}</tr>"]
     for gpu in inventory.gpus:
-        used = "?" if gpu.memory_used_mib is None else f"{gpu.memory_used_mib:,}"
-        total = "?" if gpu.memory_total_mib is None else f"{gpu.memory_total_mib:,}"
+        used, total = mib_count(gpu.memory_used_mib, grouped=True), mib_count(gpu.memory_total_mib, grouped=True)
         procs = "".join(f"<br><span style='{MUTED}'>MIG {html.escape(str(mig.uuid))}: "
-                        f"{'?' if mig.memory_total_mib is None else mig.memory_total_mib} MiB</span>"
+                        f"{mib_count(mig.memory_total_mib)} MiB</span>"
                         for mig in gpu.mig_devices)
-        procs += "".join(f"<br><span style='{MUTED}'>pid {p.pid}: {'?' if p.used_mib is None else p.used_mib} MiB"
+        procs += "".join(f"<br><span style='{MUTED}'>pid {p.pid}: {mib_count(p.used_mib)} MiB"
                         f"{' (this kernel)' if p.is_self else ''}</span>" for p in gpu.processes)
         busy = "" if gpu.utilization_pct is None else f"{gpu.utilization_pct}%"
         cells = [html.escape(str(gpu.index)), html.escape(gpu.name or "GPU") + procs, f"{used} / {total} MiB", busy,
@@ -192,12 +192,12 @@ class DoctorResult(Result):
         self.checks = checks
 
     def text(self) -> str:
-        from ..gpus.doctor import report_text
+        from ..doctor import report_text
 
         return report_text(list(self.checks))
 
     def html(self) -> str:
-        from ..gpus.doctor import FAIL, summary
+        from ..doctor import FAIL, summary
 
         lines = []
         for check in self.checks:

@@ -1,21 +1,26 @@
 """Text views: the `%tfgpu` status and the message after an edit or apply (pure formatting).
 
-The status reads a `StatusSource` (the controller's public surface) into a `StatusSnapshot`, and
+The status reads the controller's public surface into a `StatusSnapshot`, and
 renders that; `views.results.StatusResult` renders the same snapshot as HTML.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol
+import sys
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..gpus.cudaenv import parse_cuda_visible
 from ..gpus.inventory import Inventory
 from ..language.directives import describe_policy
-from ..language.policy import Policy, is_index, quote, short_uuid
+from ..language.policy import is_index, quote, short_uuid
+from ..language.sizes import mib_count
 from ..tf.envvars import CUDA_VISIBLE_DEVICES, NAMES
-from ..tf.plan import Plan
 from ..tf import initcell
-from ..tf.runtime import NO_GPU, NO_GPU_NOTE, ApplyReport, RuntimeState
+from ..tf.apply import ApplyReport
+from ..tf.runtime import NO_GPU, NO_GPU_NOTE, RuntimeState, current_shell
+
+if TYPE_CHECKING:
+    from ..controller import Controller  # only a hint: `%load_ext` imports this module, not the controller
 
 RESTART_HINT = "Run `%tfgpu restart` to restart the kernel with the policy in force."
 TERMINAL_RESTART_HINT = (
@@ -34,6 +39,18 @@ WIDTH = 100
 def restart_hint(shell: Any) -> str:
     """How to get a locked setting in force: a kernel can restart itself, terminal IPython cannot."""
     return RESTART_HINT if getattr(shell, "kernel", None) is not None else TERMINAL_RESTART_HINT
+
+
+def warn_import_failure(report: ApplyReport) -> None:
+    """What applying at `import tensorflow` left undone, on stderr: restart a kernel, rerun a script."""
+    shell = current_shell()
+    print(describe_report(report, restart_hint(shell) if shell is not None else SCRIPT_RESTART_HINT), file=sys.stderr)
+
+
+def told(controller: Controller) -> Controller:
+    """`controller`, set to say on stderr what its import-time apply left undone (idempotent)."""
+    controller.on_import_failure = warn_import_failure
+    return controller
 
 
 def describe_report(report: ApplyReport, restart_hint: str = RESTART_HINT, action: str = "edit") -> str:
@@ -148,23 +165,9 @@ def short_value(name: str, value: str) -> str:
     return ",".join(map(short_uuid, value.split(","))) if name == CUDA_VISIBLE_DEVICES else value
 
 
-class StatusSource(Protocol):
-    """What the status reads: the controller's public surface."""
-
-    policy: Policy
-
-    def state(self) -> RuntimeState: ...
-    def environment(self) -> dict[str, str]: ...
-    def inventory(self) -> Inventory: ...
-    def recorded(self, state: RuntimeState | None = None) -> list[str] | None: ...
-    def pending(self, state: RuntimeState | None = None) -> list[tuple[str, list[str]]]: ...
-    def plan(self, state: RuntimeState | None = None) -> Plan: ...
-
-
 class StatusSnapshot(NamedTuple):
     """Everything the status shows, read once; the text and HTML forms both render this. (A
-    NamedTuple, not a dataclass: it is built on the panel's import path, where a frozen dataclass
-    costs a millisecond.)"""
+    NamedTuple on the panel's import path: docs/architecture.md, "Rows".)"""
 
     state: RuntimeState
     policy: tuple[str, ...]
@@ -185,7 +188,7 @@ class StatusSnapshot(NamedTuple):
         return self.state.gpu_memory_fixed
 
 
-def snapshot(source: StatusSource) -> StatusSnapshot:
+def snapshot(source: Controller) -> StatusSnapshot:
     """Read what the status shows from `source`, TensorFlow's state once."""
     state = source.state()
     environment = source.environment()
@@ -221,7 +224,7 @@ def status_text(snap: StatusSnapshot) -> str:
     return "\n".join(lines)
 
 
-def describe_status(source: StatusSource) -> str:
+def describe_status(source: Controller) -> str:
     """The full `%tfgpu` status of `source` (the controller), as text."""
     return status_text(snapshot(source))
 
@@ -269,15 +272,11 @@ def describe_gpus(inventory: Inventory) -> list[str]:
     for gpu in inventory.gpus:
         busy = "" if gpu.utilization_pct is None else f", {gpu.utilization_pct}% busy"
         lines.append(
-            f"  {gpu.index}  {gpu.name}  {_mib(gpu.memory_used_mib)} / {_mib(gpu.memory_total_mib)} MiB used"
+            f"  {gpu.index}  {gpu.name}  {mib_count(gpu.memory_used_mib)} / {mib_count(gpu.memory_total_mib)} MiB used"
             f"{busy}  {short_uuid(gpu.uuid)}" + (f"  bus {gpu.pci_bus_id}" if gpu.pci_bus_id else "")
         )
         for mig in gpu.mig_devices:
-            lines.append(f"       MIG {mig.uuid}  {_mib(mig.memory_total_mib)} MiB")
+            lines.append(f"       MIG {mig.uuid}  {mib_count(mig.memory_total_mib)} MiB")
         for proc in gpu.processes:
-            lines.append(f"       pid {proc.pid}: {_mib(proc.used_mib)} MiB{' (this kernel)' if proc.is_self else ''}")
+            lines.append(f"       pid {proc.pid}: {mib_count(proc.used_mib)} MiB{' (this kernel)' if proc.is_self else ''}")
     return lines
-
-
-def _mib(value: int | None) -> str:
-    return "?" if value is None else str(value)

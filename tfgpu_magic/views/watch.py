@@ -12,12 +12,18 @@ from __future__ import annotations
 import sys
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import PolicyError
 from ..gpus.inventory import MIB, Inventory, read_inventory, self_mib
-from ..tf.memory import WATCH_ATTRIBUTE, Controller, MemoryAPI, TensorFlowMemory, bytes_text, memory
+from ..language.sizes import bytes_text
+from ..tf.memory import MemoryAPI, TensorFlowMemory, memory_rows, peaks_per_cell
 
+if TYPE_CHECKING:
+    from ..controller import Controller
+
+WATCH_ATTRIBUTE = "_tfgpu_watch"
+"""The shell attribute holding `%tfgpu watch`'s hooks while it is on."""
 GROWTH_CELLS = 4
 """Cells in a row whose held memory grew before the watch flags it."""
 
@@ -54,9 +60,9 @@ class Watch:
 
     def _lanes(self) -> list[Lane]:
         if self.lanes is None:
-            rows = memory(self.controller, self.api, self.inventory())
-            self.lanes = [Lane(f"GPU {row['gpu']}" if row["gpu"] is not None else row["tf_device"], row["gpu"],
-                               tuple(row["logical_devices"]), row["cap_text"]) for row in rows]
+            rows = memory_rows(self.controller, self.api, self.inventory())
+            self.lanes = [Lane(f"GPU {row.gpu}" if row.gpu is not None else row.tf_device, row.gpu,
+                               tuple(row.logical_devices), row.cap_text) for row in rows]
         return self.lanes
 
     def _figures(self) -> dict[str, Figures]:
@@ -142,6 +148,7 @@ def watch_on(shell: Any, controller: Controller, api: MemoryAPI | None = None,
     shell.events.register("pre_run_cell", watch.pre)
     shell.events.register("post_run_cell", watch.post)
     setattr(shell, WATCH_ATTRIBUTE, watch)
+    peaks_per_cell(shell, True)
     return "Memory watch on: after each cell, one line per GPU whose memory moved. `%tfgpu watch off` stops it."
 
 
@@ -154,6 +161,7 @@ def watch_off(shell: Any) -> str:
         while callback in shell.events.callbacks[event]:
             shell.events.unregister(event, callback)
     delattr(shell, WATCH_ATTRIBUTE)
+    peaks_per_cell(shell, False)
     return "Memory watch off: no hook left."
 
 

@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from .cudaenv import parse_cuda_visible
-from .inventory import NO_BINDING, Gpu, Inventory, Nvml, shared_nvml
-from .processes import MAPS_BYTES, read_capped
-from ..language.policy import Policy
-from ..tf.envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR
-from ..tf.runtime import ASYNC_ALLOCATOR, ConfigAPI
+from .gpus.cudaenv import parse_cuda_visible
+from .gpus.inventory import NO_BINDING, Gpu, Inventory, Nvml, shared_nvml
+from .gpus.processes import MAPS_BYTES, read_capped
+from .language.policy import Policy
+from .tf.envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR
+from .tf.configapi import ConfigAPI
+from .tf.runtime import ASYNC_ALLOCATOR
 
 OK, WARN, FAIL, INFO = "ok", "warn", "FAIL", "info"
 TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly", "tf-nightly-cpu", "intel-tensorflow")

@@ -1,8 +1,9 @@
-"""What each `%tfgpu` action does, beside the controller: the magic parses a line and renders what
-these return; the panel calls the same controller methods (export, apply, edits, pending changes).
+"""What each `%tfgpu` action does: it runs a service (the controller, the doctor, `holders`, the
+selftest, `jupyter`) and returns what to show; the panel calls the same controller methods (export,
+apply, edits, pending changes). An action lives with the views because what it returns is shown.
 
-Every action has one signature, `(controller, shell, arg, **options)`, so a dispatcher can call
-any of them from the directive registry: `shell` is the IPython shell (None in a script), `arg` the
+Every action has one signature, `(controller, shell, arg, **options)`, and `@runs(name)` puts it on
+its directive's registry entry (`Directive.run`), so the dispatcher calls any of them from there: `shell` is the IPython shell (None in a script), `arg` the
 directive's one argument, `options` the `--options` with dashes as underscores (`--display-name` →
 `display_name`). Each returns plain text (print it unless empty) or a `views.results.Result`
 (display it: text in a terminal, HTML in a notebook); `views.results.show` does either. User
@@ -17,16 +18,29 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from .controller import Controller
-from .errors import PolicyError
-from .jupyter import persist
-from .tf.runtime import ApplyReport
-from .views.results import DoctorResult, Result, RestartOffer, SelftestResult, StatusResult
-from .views.status import describe_policy, describe_report, restart_hint, snapshot
+from ..controller import Controller
+from ..errors import PolicyError
+from ..jupyter import persist
+from ..language.directives import REGISTRY, lookup, spec
+from ..tf.apply import ApplyReport
+from .results import DoctorResult, Result, RestartOffer, SelftestResult, StatusResult
+from .status import describe_policy, describe_report, restart_hint, snapshot
 
 Action = Callable[..., "str | Result"]
 
 
+def runs(name: str) -> Callable[[Action], Action]:
+    """Put the decorated function on action `name`'s registry entry as what it runs."""
+
+    def register(action: Action) -> Action:
+        spec(name).run = action
+        return action
+
+    return register
+
+
+
+@runs("status")
 def status(controller: Controller, shell: Any = None, arg: str | None = None) -> StatusResult:
     """`%tfgpu` / `%tfgpu status`: TensorFlow's state, the policy, the environment, what TF recorded."""
     return StatusResult(snapshot(controller))
@@ -37,21 +51,24 @@ def edit_report(report: ApplyReport, shell: Any = None, action: str = "edit") ->
     return describe_report(report, restart_hint(shell), action)
 
 
+@runs("apply")
 def apply(controller: Controller, shell: Any = None, arg: str | None = None) -> str:
     """`%tfgpu apply`: apply now as far as TensorFlow allows."""
     return edit_report(controller.apply(), shell, "apply")
 
 
+@runs("export")
 def export(controller: Controller, shell: Any = None, arg: str | None = None) -> str:
     """`%tfgpu export [python | env | json]`: the standalone equivalent of the policy."""
     return controller.export(arg or "python").rstrip("\n")
 
 
+@runs("restart")
 def restart(controller: Controller, shell: Any, arg: str | None = None, *, yes: bool = False) -> str | Result:
     """`%tfgpu restart [--yes]`: with `yes`, or where nothing could restart the kernel anyway, store
     the policy and restart (or say what to do); else say what is lost and offer a confirm button
     where pressing it restarts."""
-    from .jupyter.restart import TO_DO_FRONTEND, choose_route
+    from ..jupyter.restart import TO_DO_FRONTEND, choose_route
 
     if yes:
         return restart_now(controller, shell)
@@ -69,29 +86,31 @@ def restart(controller: Controller, shell: Any, arg: str | None = None, *, yes: 
 
 def restart_now(controller: Controller, shell: Any) -> str:
     """Store the policy for the next kernel and restart this one by the best route; what happened."""
-    from .jupyter.restart import restart_and_apply
+    from ..jupyter.restart import restart_and_apply
 
     return restart_and_apply(shell, controller.policy)
 
 
 def restarts(shell: Any) -> bool:
     """Whether anything brings this kernel back after a restart (else a restart only stores the policy)."""
-    from .jupyter.restart import choose_route
+    from ..jupyter.restart import choose_route
 
     return choose_route(shell).restarts
 
 
+@runs("doctor")
 def doctor(controller: Controller, shell: Any = None, arg: str | None = None, *,
            json: bool = False) -> DoctorResult | str:
     """`%tfgpu doctor [--json]`: why TensorFlow does (not) see a GPU, check by check, with the fix;
     with `json`, the checks as a JSON list for scripts."""
-    from .gpus.doctor import inspect_machine, report_json, run_checks
+    from ..doctor import inspect_machine, report_json, run_checks
 
     machine = inspect_machine(controller.environ, controller.inventory(), controller.policy, controller.api)
     checks = run_checks(machine)
     return report_json(checks) if json else DoctorResult(tuple(checks))
 
 
+@runs("selftest")
 def selftest(controller: Controller, shell: Any = None, arg: str | None = None, *,
              json: bool = False) -> SelftestResult | str:
     """`%tfgpu selftest [--json]`: each rule of the policy proven on this machine, each in a fresh process,
@@ -99,28 +118,31 @@ def selftest(controller: Controller, shell: Any = None, arg: str | None = None, 
     (this kernel's own TensorFlow stays untouched); with `json`, the verdicts as a JSON list."""
     import time
 
-    from .selftest.report import to_json
-    from .selftest.run import run_outside
+    from ..selftest.report import to_json
+    from ..selftest.run import run_outside
 
     start = time.monotonic()
     rows = run_outside(controller.inherited_environment())
     return to_json(rows) if json else SelftestResult(tuple(rows), time.monotonic() - start)
 
 
+@runs("memory")
 def memory(controller: Controller, shell: Any = None, arg: str | None = None) -> str:
     """`%tfgpu memory`: one row per visible GPU (never imports or initializes TensorFlow)."""
-    from .tf.memory import memory_text
+    from .figures import memory_text
 
     return memory_text(controller)
 
 
+@runs("watch")
 def watch(controller: Controller, shell: Any, arg: str | None = None) -> str:
     """`%tfgpu watch on | off`: a line per GPU after each cell; off leaves no hook."""
-    from .views.watch import watch as switch
+    from .watch import watch as switch
 
     return switch(controller, shell, arg)
 
 
+@runs("panel")
 def panel(controller: Controller, shell: Any, arg: str | None = None) -> str:
     """`%tfgpu panel`: show the widget panel (its restart button uses `restart_now`); '' once shown."""
     if getattr(shell, "kernel", None) is None:
@@ -131,7 +153,7 @@ def panel(controller: Controller, shell: Any, arg: str | None = None) -> str:
 
 def open_panel(controller: Controller, shell: Any) -> Any:
     """Build and display a panel over `controller` for `shell`'s kernel; returns the `Panel`."""
-    from .views.panel import show_panel
+    from .panel import show_panel
 
     return show_panel(controller, shell, functools.partial(restart_now, controller, shell), restarts(shell),
                       functools.partial(who, controller))
@@ -156,6 +178,7 @@ def _profile_dir(shell: Any) -> str:
     return shell.profile_dir.location
 
 
+@runs("default")
 @_setup_errors
 def default(controller: Controller, shell: Any, arg: str | None = None) -> str:
     """`%tfgpu default save | clear | show` (`arg`; None is show): the profile's default policy."""
@@ -172,17 +195,19 @@ def default(controller: Controller, shell: Any, arg: str | None = None) -> str:
     return f"Default policy ({path}): " + ("; ".join(describe_policy(saved)) or "TensorFlow defaults")
 
 
+@runs("autoload")
 @_setup_errors
 def autoload(controller: Controller, shell: Any, arg: str | None = None) -> str:
     """`%tfgpu autoload on | off`: load the extension in every new kernel of the profile."""
     return persist.set_autoload(_profile_dir(shell), arg == "on")
 
 
+@runs("kernelspec")
 @_setup_errors
 def kernelspec(controller: Controller, shell: Any, arg: str | None = None, *,
                display_name: str | None = None, remove: bool = False) -> str:
     """`%tfgpu kernelspec NAME [--display-name TEXT] [--remove]`: install or remove our kernelspec `arg`."""
-    from .jupyter import kernelspec as specs
+    from ..jupyter import kernelspec as specs
 
     name = arg or ""
     if remove:
@@ -191,40 +216,28 @@ def kernelspec(controller: Controller, shell: Any, arg: str | None = None, *,
     return f"Installed kernelspec {name!r} in {where}; pick it in the launcher for a kernel with this policy."
 
 
+@runs("who")
 def who(controller: Controller, shell: Any = None, arg: str | None = None, *,
         shutdown: str | None = None, yes: bool = False) -> str:
     """`%tfgpu who [--shutdown KERNEL_ID --yes]`: who holds which GPU; shuts a kernel down only with --yes."""
-    from . import holders
+    from .. import holders
 
     if shutdown is not None:
         return holders.shutdown(shutdown, yes=yes)
     if yes:
         raise PolicyError("--yes confirms `--shutdown KERNEL_ID`; alone it does nothing")
-    return holders.report(controller.inventory())
+    from .who import report
+
+    return report(controller.inventory())
 
 
-ACTIONS: dict[str, Action] = {
-    "status": status,
-    "apply": apply,
-    "export": export,
-    "restart": restart,
-    "doctor": doctor,
-    "selftest": selftest,
-    "panel": panel,
-    "memory": memory,
-    "watch": watch,
-    "default": default,
-    "autoload": autoload,
-    "kernelspec": kernelspec,
-    "who": who,
-}
-"""Every action by directive name; the registry's action directives and these keys are the same set."""
+ACTIONS: dict[str, Action] = {entry.name: entry.run for entry in REGISTRY if entry.kind == "action" and entry.run}
+"""Every action by directive name, as the registry entries carry them (`runs`)."""
 
 
 def run(name: str, controller: Controller, shell: Any, arg: str | None = None, **options: Any) -> str | Result:
     """Run action `name`; `options` as keyword arguments (`yes=True`, `display_name="..."`)."""
-    try:
-        action = ACTIONS[name]
-    except KeyError:
-        raise PolicyError(f"`{name}` is not an action") from None
-    return action(controller, shell, arg, **options)
+    entry = lookup(name)
+    if entry is None or entry.run is None:
+        raise PolicyError(f"`{name}` is not an action")
+    return entry.run(controller, shell, arg, **options)

@@ -1,0 +1,74 @@
+"""GPU memory figures as text: `%tfgpu memory`'s table and the panel's one-phrase summary of a GPU
+(the figures themselves come from `tf.memory.memory_rows`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..language.sizes import bytes_text, mib_text
+from ..gpus.inventory import Inventory
+from ..tf.memory import GpuMemory, MemoryAPI, memory_rows
+from ..tf.runtime import RuntimeState
+
+if TYPE_CHECKING:
+    from ..controller import Controller
+
+NO_GPU_HINT = "`%tfgpu doctor` says why"
+
+
+def no_gpu_line(controller: Controller, inventory: Inventory | None = None) -> str:
+    """The one line without GPUs: why NVML and TensorFlow list none."""
+    inventory = inventory or controller.inventory()
+    state = controller.state()
+    nvml = inventory.error or "NVML sees none"
+    if state.devices_listed:
+        return f"No GPU: TensorFlow lists none, and {nvml}. {NO_GPU_HINT}."
+    return f"No GPU found: {nvml}. {NO_GPU_HINT}."
+
+
+def summary(row: GpuMemory) -> str:
+    """One GPU's figures in a phrase, for the panel's GPU row: `tensors 1.6 GiB (peak 2.1 GiB) · cap
+    4.0 GiB (limit on GPU 0, 5% of the card)`; the cap alone before initialization."""
+    cap = f"cap {row.cap_text}" if row.cap_in_force else f"cap at initialization {row.cap_text}"
+    if row.tensors_bytes is None:
+        return cap
+    return f"tensors {bytes_text(row.tensors_bytes)} (peak {bytes_text(row.peak_bytes)}) · {cap}"
+
+
+HEADERS = ("GPU", "TF", "tensors now / peak", "this process", "others", "free / total", "cap")
+
+
+def memory_text(controller: Controller, api: MemoryAPI | None = None, inventory: Inventory | None = None) -> str:
+    """`%tfgpu memory`: one compact row per visible GPU, or the one line without GPUs."""
+    inventory = inventory or controller.inventory()
+    rows = memory_rows(controller, api, inventory)
+    if not rows:
+        return no_gpu_line(controller, inventory)
+    return render(rows, controller.state())
+
+
+def render(rows: list[GpuMemory], state: RuntimeState) -> str:
+    """The table of `memory_rows`'s rows, columns aligned, and a line on what the figures mean."""
+    table = [HEADERS]
+    for row in rows:
+        tensors = ("—" if not row.initialized else
+                   f"{bytes_text(row.tensors_bytes)} / {bytes_text(row.peak_bytes)}"
+                   if row.tensors_bytes is not None else "no statistics")
+        table.append((
+            row.gpu if row.gpu is not None else "?",
+            row.tf_device,
+            tensors,
+            mib_text(row.process_mib) if row.gpu is not None else "?",
+            mib_text(row.others_mib) if row.gpu is not None else "?",
+            f"{mib_text(row.free_mib)} / {mib_text(row.total_mib)}",
+            row.cap_text,
+        ))
+    widths = [max(len(line[i]) for line in table) for i in range(len(HEADERS))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table]
+    if not state.imported:
+        lines.append("TensorFlow is not imported: no tensors yet; the cap is what will apply at initialization.")
+    elif not state.initialized:
+        lines.append("TensorFlow's runtime is not initialized: no tensors yet; the cap is what will apply then.")
+    else:
+        lines.append("tensors: TensorFlow's own count; this process: its pool on the card (NVML), tensors or not.")
+    return "\n".join(lines)
