@@ -135,6 +135,44 @@ def await_taken(kernel: KernelConnection, old_pid: int, path: Path) -> KernelCon
     return new
 
 
+# ----- the labextension's restart command, named where the front end has it -------------------
+@pytest.mark.parametrize(("name", "installed", "named"), [
+    ("kernel-0f1e2d3c-aaaa-bbbb-cccc-000000000001.json", True, True),
+    ("kernel-0f1e2d3c-aaaa-bbbb-cccc-000000000001.json", False, False),
+    ("tmp8x_u2k0q.json", True, False),  # nbclient, papermill: no JupyterLab in front
+])
+def test_the_restart_command_is_named_only_for_a_servers_kernel_with_the_extension(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, installed: bool, named: bool):
+    import ipykernel.connect
+    import jupyter_core.paths
+    from types import SimpleNamespace
+
+    from tfgpu_magic.views.status import RESTART_HINT, restart_hint
+
+    labextensions = tmp_path / "labextensions"
+    if installed:
+        (labextensions / restart.LABEXTENSION).mkdir(parents=True)
+        (labextensions / restart.LABEXTENSION / "package.json").write_text("{}")
+    monkeypatch.setattr(jupyter_core.paths, "jupyter_path", lambda *parts: [str(tmp_path / Path(*parts))])
+    monkeypatch.setattr(ipykernel.connect, "get_connection_file", lambda: str(tmp_path / name))
+    kernel_shell = SimpleNamespace(kernel=object())
+    hint = restart_hint(kernel_shell)
+    assert hint.startswith(RESTART_HINT)
+    assert (restart.RESTART_COMMAND in hint) is named, hint
+    assert restart.RESTART_COMMAND not in restart_hint(SimpleNamespace(kernel=None))
+
+
+def test_a_servers_kernel_offers_the_command_in_restart_and_in_the_locked_message(server: JupyterServer):
+    if not restart.labextension_installed():
+        pytest.skip("the labextension is not installed in this environment (make test links it)")
+    with server.kernel() as kernel:
+        kernel.ok("%load_ext tfgpu_magic\nimport tensorflow as tf\ntf.constant(1)")
+        locked = kernel.ok("%tfgpu split cpu 3").output
+        offer = kernel.ok("%tfgpu restart").output
+    assert restart.RESTART_COMMAND in locked, locked
+    assert restart.RESTART_COMMAND in offer, offer
+
+
 # ----- (a) the server route ---------------------------------------------------------------------
 def test_server_restart_applies_policy_in_new_kernel(server: JupyterServer):
     """TF initialized, another policy, `restart --yes`: the server's new kernel has it in force on

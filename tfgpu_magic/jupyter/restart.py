@@ -58,6 +58,9 @@ WILDCARD_HOSTS = {
 RESTARTING = "Restarting the kernel"
 RESTART_THREAD = "tfgpu_magic-restart"
 """The name of the thread that asks the server for the restart (tests watch for it)."""
+RESTART_COMMAND = "Kernel → Restart Kernel with the GPU Policy and Run up to Selected Cell…"
+"""The menu entry of the labextension's `tfgpu:restart-run-to-selected` (labextension/src/index.ts)."""
+LABEXTENSION = "tfgpu-magic"
 TO_DO_FRONTEND = "restart the kernel from your front end (VS Code: Restart; nbclient, papermill: `restart_kernel()`)"
 """What to do where nothing here can restart the kernel."""
 
@@ -280,6 +283,25 @@ def find_server(kernel_id: str, runtime_dir: Path | None = None) -> Server | Non
         if isinstance(reply, dict) and reply.get("id") == kernel_id:
             return server
     return None
+
+
+def labextension_installed() -> bool:
+    """Whether this environment's JupyterLab finds the tfgpu_magic labextension (a stat per folder)."""
+    try:
+        from jupyter_core.paths import jupyter_path
+    except ImportError:
+        return False
+    return any((Path(folder) / LABEXTENSION / "package.json").is_file() for folder in jupyter_path("labextensions"))
+
+
+def restart_command_hint(shell: Any) -> str:
+    """The sentence naming the labextension's restart command where this kernel's front end has it: a
+    Jupyter server's kernel (connection file `kernel-<id>.json`) in an environment where JupyterLab
+    finds the extension; "" elsewhere. No request is made: it is said with every locked setting."""
+    path = connection_file(shell)
+    if path is None or server_kernel_id(path) is None or not labextension_installed():
+        return ""
+    return f"In JupyterLab or Notebook 7, {RESTART_COMMAND} also runs your cells again with the policy in force."
 
 
 def choose_route(shell: Any) -> Route:

@@ -68,7 +68,7 @@ def restart(controller: Controller, shell: Any, arg: str | None = None, *, yes: 
     """`%tfgpu restart [--yes]`: with `yes`, or where nothing could restart the kernel anyway, store
     the policy and restart (or say what to do); else say what is lost and offer a confirm button
     where pressing it restarts."""
-    from ..jupyter.restart import TO_DO_FRONTEND, choose_route
+    from ..jupyter.restart import TO_DO_FRONTEND, choose_route, restart_command_hint
 
     if yes:
         return restart_now(controller, shell)
@@ -80,7 +80,8 @@ def restart(controller: Controller, shell: Any, arg: str | None = None, *, yes: 
     if not route.restarts:
         last = f"Nothing here can restart this kernel: run `%tfgpu restart --yes` to store the policy, then {TO_DO_FRONTEND}."
         return "\n".join(lost + [last])
-    text = "\n".join(lost + ["Click the button, or run `%tfgpu restart --yes`."])
+    command = restart_command_hint(shell) if route.kind == "server" else ""
+    text = "\n".join(lost + ["Click the button, or run `%tfgpu restart --yes`."] + ([command] if command else []))
     return RestartOffer(text, functools.partial(restart_now, controller, shell))
 
 

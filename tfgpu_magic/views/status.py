@@ -37,8 +37,14 @@ WIDTH = 100
 
 
 def restart_hint(shell: Any) -> str:
-    """How to get a locked setting in force: a kernel can restart itself, terminal IPython cannot."""
-    return RESTART_HINT if getattr(shell, "kernel", None) is not None else TERMINAL_RESTART_HINT
+    """How to get a locked setting in force: a kernel can restart itself (and in JupyterLab with the
+    labextension, restart and run its cells again), terminal IPython cannot."""
+    if getattr(shell, "kernel", None) is None:
+        return TERMINAL_RESTART_HINT
+    from ..jupyter.restart import restart_command_hint
+
+    command = restart_command_hint(shell)
+    return f"{RESTART_HINT}\n{command}" if command else RESTART_HINT
 
 
 def warn_import_failure(report: ApplyReport) -> None:
