@@ -33,13 +33,8 @@ def _tfgpu_keep_policy():
     if "tfgpu_magic.controller" not in sys.modules:
         return
     import tfgpu_magic
-    from tfgpu_magic.jupyter import persist, startup
-    shell = get_ipython()
-    path = startup.connection_file(shell)
-    if path is None:
-        raise RuntimeError("this kernel has no connection file, so nothing can carry the policy over")
-    persist.set_pending_startup(shell.profile_dir.location)
-    persist.store_pending(startup.kernel_key(path), tfgpu_magic.current_policy(), connection_file=path)
+    from tfgpu_magic.jupyter.restart import keep_for_next_kernel
+    keep_for_next_kernel(get_ipython(), tfgpu_magic.current_policy())
 try:
     _tfgpu_keep_policy()
 finally:

@@ -320,6 +320,17 @@ def choose_route(shell: Any) -> Route:
     return Route("frontend", "no Jupyter server owns this kernel, so nothing here can restart it")
 
 
+def keep_for_next_kernel(shell: Any, policy: Policy, path: Path | None = None) -> None:
+    """Store `policy` as pending for the kernel on this kernel's connection file (`path`, default: this
+    kernel's), so that the next kernel started on it has it in force before its first cell; the
+    labextension's restart command calls this too. OSError or PolicyError when it cannot be stored."""
+    path = path or connection_file(shell)
+    if path is None:
+        raise PolicyError("this kernel has no connection file, so nothing can carry the policy over")
+    persist.set_pending_startup(shell.profile_dir.location)
+    persist.store_pending(kernel_key(path), policy, connection_file=path)
+
+
 def restart_and_apply(shell: Any, policy: Policy) -> str:
     """Store `policy` for this kernel, restart it if something will bring it back, and say what happened."""
     route = choose_route(shell)
@@ -328,8 +339,7 @@ def restart_and_apply(shell: Any, policy: Policy) -> str:
         return f"Not restarted: {route.reason}. `%tfgpu export` gives the policy as code."
     key = kernel_key(path)
     try:
-        persist.set_pending_startup(shell.profile_dir.location)
-        persist.store_pending(key, policy, connection_file=path)
+        keep_for_next_kernel(shell, policy, path)
     except (OSError, PolicyError) as err:
         return f"Not restarted: could not store the policy for the new kernel: {err}"
     if route.kind == "frontend":
