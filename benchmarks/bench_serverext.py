@@ -114,12 +114,13 @@ def publish_cost(repeat: int = 400) -> dict[str, float]:
     """Median µs of one `Publisher.changed()` after a policy change, and with nothing changed."""
     from tfgpu_magic.controller import Controller
     from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog
+    from tfgpu_magic.views.status import change_text
 
     controller = Controller(environ={}, catalog=InventoryCatalog(Inventory(error="none")))
     policies = [controller.edit_policy(["growth on", "visible 0,1"]), controller.edit_policy(["limit 4GB 0"])]
     with tempfile.TemporaryDirectory() as tmp:
         shell = SimpleNamespace(kernel=SimpleNamespace(parent=SimpleNamespace(abs_connection_file=f"{tmp}/kernel-b1.json")))
-        publisher = kernelstate.start_publishing(shell, controller)
+        publisher = kernelstate.start_publishing(shell, controller, word=change_text)
         assert publisher is not None
         changed, same = [], []
         for index in range(repeat):

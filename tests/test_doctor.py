@@ -22,6 +22,7 @@ from IPython.testing import tools
 
 from fake_nvml import NVML_ERROR_DRIVER_NOT_LOADED, UUIDS, FakeGpu, FakeNvml, OlderBinding, four_gpus
 from tfgpu_magic.views import actions
+from tfgpu_magic.views import doctor as doctor_view
 from tfgpu_magic import doctor
 from tfgpu_magic.tf import importhook
 from tfgpu_magic.controller import Controller
@@ -107,8 +108,8 @@ def make_machine(tf_dirs: dict[str, Path], tf: str | None = "cuda", **changes) -
 def parse_report(text: str) -> tuple[list[tuple[str, str, str, str]], str]:
     """(verdict, name, detail, fix) per check line, and the closing summary."""
     body, blank, summary = text.rpartition("\n\n")
-    assert blank and "\n" not in summary and summary.endswith(f" {doctor.SELFTEST_HINT}"), text
-    summary = summary.removesuffix(f" {doctor.SELFTEST_HINT}")
+    assert blank and "\n" not in summary and summary.endswith(f" {doctor_view.SELFTEST_HINT}"), text
+    summary = summary.removesuffix(f" {doctor_view.SELFTEST_HINT}")
     checks: list[list[str]] = []
     for line in body.splitlines():
         if line.startswith("       fix: "):
@@ -395,7 +396,7 @@ def test_report_line_by_line(tf_dirs, changes: dict, differs: dict, summary: str
     """Every check line in order (verdict, name, detail, fix), then the closing sentence."""
     changes = dict(changes)
     machine = make_machine(tf_dirs, changes.pop("tf", "cuda"), **changes)
-    checks, said = parse_report(doctor.report(machine))
+    checks, said = parse_report(doctor_view.report_text(doctor.run_checks(machine)))
     wanted = {**HEALTHY, **differs}
     expected = [(name, *wanted[name]) for name in ORDER if wanted.get(name) is not None]
     assert [(verdict, name) for verdict, name, _, _ in checks] == [(verdict, name) for name, verdict, _, _ in expected]
@@ -781,7 +782,7 @@ def test_loaded_cuda_libraries_from_a_maps_text() -> None:
 # ----- --json -------------------------------------------------------------------------------------
 def test_report_json_is_the_checks_as_data(tf_dirs) -> None:
     checks = doctor.run_checks(make_machine(tf_dirs, **PIP))
-    data = json.loads(doctor.report_json(checks))
+    data = json.loads(doctor_view.report_json(checks))
     assert data == [{"check": c.name, "verdict": c.verdict, "detail": c.detail, "fix": c.fix} for c in checks]
     assert [(d["check"], d["verdict"]) for d in data if d["check"] == PIP_NAME] == [(PIP_NAME, WARN)]
 

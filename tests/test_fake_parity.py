@@ -8,7 +8,6 @@ through the real `TensorFlowConfig`; the fake runs it here. Every step must give
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -22,10 +21,11 @@ import pytest
 from fake_tf import FakeTF, PhysicalDevice
 from tfgpu_magic.tf.plan import build_plan
 from tfgpu_magic.language.policy import Policy
-from tfgpu_magic.tf.apply import apply_plan, session_config
+from tfgpu_magic.tf.apply import ApplyReport, apply_plan, session_config
 from tfgpu_magic.tf.configapi import TensorFlowConfig
 from tfgpu_magic.tf.routes import install_routes
 from tfgpu_magic.tf.runtime import LogicalSpec
+from tfgpu_magic.views import status
 
 pytestmark = pytest.mark.tensorflow
 
@@ -78,9 +78,12 @@ def _names(api: Any, devices: list[Any]) -> list[str]:
     return [api.name(d) for d in devices]
 
 
-def _report(report: Any) -> dict[str, Any]:
-    data = dataclasses.asdict(report)
-    data["state"] = list(data["state"])  # a NamedTuple: its values in field order
+def _report(report: ApplyReport) -> dict[str, Any]:
+    """The report with its changes as the messages word them (`views.status`)."""
+    data: dict[str, Any] = {name: getattr(report, name) for name in ApplyReport.__slots__}
+    data["state"] = list(report.state)  # a NamedTuple: its values in field order
+    for name in ("applied", "locked", "failed", "earlier"):
+        data[name] = [status.item_text(item) for item in getattr(report, name)]
     return data
 
 

@@ -107,7 +107,7 @@ def test_a_pid_that_cannot_be_a_process_is_dead(tmp_path: Path, pid: int) -> Non
     path.chmod(0o600)
     assert reservations.current(tmp_path) == []
     assert reservations.reserve("k1", 1, _inventory(), tmp_path).gpus == (UUIDS[2],)
-    assert all(not row["placed"] for row in who(Inventory(error="no NVML here"), tmp_path))
+    assert all(not row.placed for row in who(Inventory(error="no NVML here"), tmp_path))
 
 
 def _state(pid: int) -> str:

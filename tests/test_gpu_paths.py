@@ -20,7 +20,7 @@ from tfgpu_magic.views import status
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import Gpu, Inventory, InventoryCatalog
 from tfgpu_magic.tf.plan import Plan
-from tfgpu_magic.tf.apply import ApplyReport, apply_plan
+from tfgpu_magic.tf.apply import ApplyReport, Change, Refusal, apply_plan
 from tfgpu_magic.tf.runtime import where
 
 GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"
@@ -56,6 +56,11 @@ def catalog(fake: FakeTF) -> InventoryCatalog:
 def edit(ctl: Controller, *lines: str) -> ApplyReport:
     """What `%tfgpu LINE` / a `%%tfgpu` cell does."""
     return ctl.edit([ctl.parse(line) for line in lines])
+
+
+def worded(items: list[Change | Refusal | str]) -> list[str]:
+    """A report's records as the messages word them (`views.status`); lines stay as they are."""
+    return [status.item_text(item) for item in items]
 
 
 def import_tensorflow(fake: FakeTF) -> None:
@@ -367,13 +372,13 @@ def test_different_policy_after_init_is_locked_and_changes_nothing(change: str) 
     report = edit(ctl, *second)
     assert report.applied == [] and report.failed == [] and not report.ok
     assert len(report.locked) == len(locked)
-    assert all(want in item for want, item in zip(locked, report.locked)), report.locked
+    assert all(want in item for want, item in zip(locked, worded(report.locked))), report.locked
     assert (fake.snapshot(), len(fake.calls), ctl.environ) == (before, calls, env)
     text = status.describe_report(report)
-    assert status.RESTART_HINT in text and all(item in text for item in report.locked)
+    assert status.RESTART_HINT in text and all(item in text for item in worded(report.locked))
     state_text = status.describe_status(ctl)
     assert fake.state().label in state_text
-    assert all(item in state_text for item in report.locked)  # the variables too: message and status agree
+    assert all(item in state_text for item in worded(report.locked))  # the variables too: message and status agree
 
 
 @pytest.mark.parametrize(
@@ -396,12 +401,15 @@ def test_tensorflow_value_error_is_reported_and_other_steps_still_apply() -> Non
     """A step TensorFlow refuses lands in report.failed with TF's words; the others are applied."""
     fake = FakeTF(3)
     # two logical GPUs without a memory limit: TF refuses (a single `(None,)` is the whole GPU, TF's default)
-    plan = Plan(visible_gpus=(0, 2), gpu_configs=((0, (None, None)), (2, (512,))), cpu_devices=2)
+    plan = Plan(visible_gpus=(0, 2), splits=(("0", (None, None)), ("2", (512,))), tf_indices=(("0", 0), ("2", 2)),
+                cpu_devices=2)
     report = apply_plan(plan, fake)
     assert len(report.failed) == 1 and report.locked == []
-    assert report.failed[0].startswith("logical devices of GPU:0")
-    assert report.failed[0].endswith("TensorFlow said: Setting memory limit is required for GPU virtual devices")
-    applied = [item.split(":")[0] for item in report.applied]
+    assert report.failed[0] == Refusal(Change("logical", "GPU:0", None, (None, None)),
+                                       "Setting memory limit is required for GPU virtual devices")
+    assert worded(report.failed) == ["logical devices of GPU:0: TF default → 2 logical devices: TensorFlow said: "
+                                     "Setting memory limit is required for GPU virtual devices"]
+    applied = [item.split(":")[0] for item in worded(report.applied)]
     assert applied == ["visible GPUs", "logical devices of GPU", "logical CPU devices"]
     in_force = fake.initialize()
     assert gpus_in_force(in_force) == [(0, False, None), (2, False, (512,))] and in_force.cpus == 2
@@ -426,11 +434,12 @@ def test_limit_off_after_it_was_recorded_is_not_claimed_in_force() -> None:
     edit(ctl, "limit 2GB 0")
     report = edit(ctl, "limit off")
     assert not report.ok and report.applied == []
-    assert [item.split(":")[0] for item in report.locked] == ["CUDA_DEVICE_ORDER", "logical devices of GPU"]
-    assert report.locked[0] == "CUDA_DEVICE_ORDER: PCI_BUS_ID → unset (read when CUDA started)"
-    assert "GPU:0: 2048 MiB → TF default" in report.locked[1]
+    assert report.locked == [Change("variable", "CUDA_DEVICE_ORDER", "PCI_BUS_ID", None, "read when CUDA started"),
+                             Change("logical", "GPU:0", (2048,), None)]
+    assert worded(report.locked) == ["CUDA_DEVICE_ORDER: PCI_BUS_ID → unset (read when CUDA started)",
+                                     "logical devices of GPU:0: 2048 MiB → TF default"]
     pending = status.describe_status(ctl).split("Pending, needs a restart:\n", 1)
-    assert len(pending) == 2 and all(item in pending[1] for item in report.locked)
+    assert len(pending) == 2 and all(item in pending[1] for item in worded(report.locked))
     assert gpus_in_force(fake.initialize()) == [(0, False, (2048,)), (1, False, None)]  # what the report warned of
 
 
@@ -512,7 +521,7 @@ def test_change_after_a_route_created_devices_is_locked() -> None:
     calls = len(fake.calls)
     report = edit(ctl, "limit 1GB 1", "growth on")
     assert report.applied == [] and len(report.locked) == 2 and not report.ok
-    assert report.locked == [
+    assert worded(report.locked) == [
         f"{GROWTH_ENV}: unset → true (read when TensorFlow created the GPU allocators)",
         "logical devices of GPU:1: TF default → 1024 MiB (GPU devices were created by "
         f"`device_lib.list_local_devices()` {where()})"]
@@ -527,7 +536,8 @@ def test_cpu_split_still_applies_after_a_route_created_gpu_devices() -> None:
     fake, ctl = routed(1)
     fake.device_lib.list_local_devices()
     report = edit(ctl, "split cpu 2")
-    assert report.applied == ["logical CPU devices: TF default → 2 logical devices"] and report.ok
+    assert report.applied == [Change("cpus", "CPU:0", None, (None, None))] and report.ok
+    assert worded(report.applied) == ["logical CPU devices: TF default → 2 logical devices"]
     assert fake.initialize().cpus == 2
 
 
@@ -678,7 +688,7 @@ def test_users_own_logical_config_with_priority_is_not_identical() -> None:
     fake.set_user_logical(_gpu(fake, 0), [LogicalSpec(1024, -1)])
     fake.initialize()
     report = edit(ctl, "limit 1GB 0")
-    assert report.locked == ["logical devices of GPU:0: 1024 MiB (priority -1) → 1024 MiB"]
+    assert worded(report.locked) == ["logical devices of GPU:0: 1024 MiB (priority -1) → 1024 MiB"]
 
 
 def test_user_hid_the_cpu_and_the_status_explains() -> None:
@@ -701,9 +711,9 @@ def test_tf_error_while_listing_devices_is_reported_like_the_others() -> None:
 
     fake = Broken(1)
     report = apply_plan(Plan(growth=True), fake)
-    assert report.failed == ["listing TensorFlow's devices: TensorFlow said: cudaGetDevice() failed. Status: CUDA "
-                             "driver version is insufficient"]
-    assert report.applied == [] and report.failed[0] in status.describe_report(report)
+    assert worded(report.failed) == ["listing TensorFlow's devices: TensorFlow said: cudaGetDevice() failed. "
+                                     "Status: CUDA driver version is insufficient"]
+    assert report.applied == [] and worded(report.failed)[0] in status.describe_report(report)
 
 
 def test_locked_allocator_variables_agree_between_message_and_status() -> None:
@@ -713,7 +723,7 @@ def test_locked_allocator_variables_agree_between_message_and_status() -> None:
     fake, ctl = session(1)
     fake.initialize()
     report = edit(ctl, "growth on", "limit 1GB 0")
-    [env_item] = [item for item in report.locked if item.startswith(GROWTH_ENV)]
+    [env_item] = [item for item in worded(report.locked) if item.startswith(GROWTH_ENV)]
     assert env_item == f"{GROWTH_ENV}: unset → true (read when TensorFlow created the GPU allocators)"
     pending = status.describe_status(ctl).split("Pending, needs a restart:\n", 1)
     assert len(pending) == 2 and env_item in pending[1]

@@ -19,7 +19,7 @@ import pytest
 from faults_support import bounded
 from servers import KernelConnection, isolated_jupyter, standalone_kernel, wait_until, write_server_file
 
-from tfgpu_magic.jupyter import persist, restart, startup
+from tfgpu_magic.jupyter import persist, server as server_client, startup
 from tfgpu_magic import safefile
 from tfgpu_magic.errors import PolicyError
 from tfgpu_magic.language.policy import Policy
@@ -114,7 +114,7 @@ def test_hostile_server_file_is_one_warning(tmp_path: Path, case: str, capsys: p
     path = tmp_path / "jpserver-4242.json"
     HOSTILE[case](path)
     before = snapshot(path)
-    assert bounded(lambda: restart.find_server("k1", tmp_path), READ_BOUND) is None
+    assert bounded(lambda: server_client.find_server("k1", tmp_path), READ_BOUND) is None
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and path.name in lines[0] and "Traceback" not in lines[0], lines
     assert snapshot(path) == before
@@ -127,11 +127,11 @@ def test_server_reply_nested_deeply_is_one_warning(
     This test process, which holds the listener, stands in for the server that started the kernel."""
     from servers import RecordingListener
 
-    monkeypatch.setattr(restart, "ancestors", lambda: [os.getpid()])
-    for body in (DEEP.encode(), b" " * (restart.REPLY_BYTES + 10)):
+    monkeypatch.setattr(server_client, "ancestors", lambda: [os.getpid()])
+    for body in (DEEP.encode(), b" " * (server_client.REPLY_BYTES + 10)):
         with RecordingListener(lambda method, path, body=body: (200, {}, body)) as owner:
             write_server_file(tmp_path, os.getpid(), owner.port, token="t")
-            assert restart.find_server("k1", tmp_path) is None
+            assert server_client.find_server("k1", tmp_path) is None
         lines = capsys.readouterr().err.splitlines()
         assert len(lines) == 1 and "did not confirm" in lines[0], lines
 

@@ -26,9 +26,10 @@ from tfgpu_magic.controller import Controller
 from tfgpu_magic.errors import PolicyError
 from tfgpu_magic.language.grammar import Edit, parse_gpu, parse_line
 from tfgpu_magic.gpus.inventory import GpuProcess, Inventory, InventoryCatalog, MigDevice, Nvml, read_inventory
+from tfgpu_magic.tf.apply import limit_table
 from tfgpu_magic.tf.plan import build_plan, tf_index
 from tfgpu_magic.language.policy import Policy
-from tfgpu_magic.views.status import describe_gpus, describe_policy, describe_status
+from tfgpu_magic.views.status import describe_gpus, describe_policy, describe_status, item_text
 
 pynvml = importlib.import_module("pynvml") if importlib.util.find_spec("pynvml") else None
 needs_pynvml = pytest.mark.skipif(pynvml is None, reason="compares the fake with nvidia-ml-py, which is not installed")
@@ -516,8 +517,9 @@ def test_uuid_and_index_map_to_one_tf_index(catalog, visible, ref: str, index: i
     aliases = catalog.uuid_to_index()
     assert tf_index(ref, None if visible is None else list(visible), aliases) == index
     plan = build_plan(Policy(visible=visible, limits=((ref, 1024),)), aliases=aliases)
-    expected = ((), (ref,)) if index is None else (((index, (1024,)),), ())
-    assert (plan.gpu_configs, plan.unresolved) == expected
+    expected = ((), (ref,)) if index is None else (((ref, index),), ())
+    assert (plan.tf_indices, plan.unresolved) == expected
+    assert limit_table(plan) == ({} if index is None else {index: (1024,)}, None)
 
 
 def test_without_aliases_a_uuid_is_unresolved() -> None:
@@ -550,7 +552,8 @@ def test_controller_visible_auto_then_limits(controller: Controller) -> None:
     edit(controller, "limit 1GB 2")
     assert controller.policy.limits == (("2", 1024), (UUIDS[1], 20480))
     plan = controller.plan()
-    assert (plan.gpu_configs, plan.unresolved) == (((0, (1024,)), (1, (20480,))), ())
+    assert (plan.tf_indices, plan.unresolved) == ((("2", 0), (UUIDS[1], 1)), ())
+    assert limit_table(plan) == ({0: (1024,), 1: (20480,)}, None)
     assert any(part.startswith("(visible: auto picked GPU 2") for part in describe_policy(controller.policy))
     assert f"       pid {OTHER_PID}: 19456 MiB" in describe_status(controller).splitlines()
 
@@ -568,7 +571,7 @@ def test_this_process_on_a_gpu_means_cuda_variables_are_too_late(catalog: Invent
     assert "CUDA_* changes no longer take effect" in label and "NVML lists this process on a GPU" in label
     report = edit(ctl, "visible 0,2")
     assert ctl.environ == {} and report.locked == []
-    assert report.applied[0] == "visible GPUs: GPU:0, GPU:1, GPU:2, GPU:3 → GPU:0, GPU:2"
+    assert item_text(report.applied[0]) == "visible GPUs: GPU:0, GPU:1, GPU:2, GPU:3 → GPU:0, GPU:2"
     assert any("set_visible_devices" in note for note in report.notes)
     importhook.disarm()
 
@@ -593,7 +596,7 @@ def test_controller_index_visible_uuid_limit(controller: Controller) -> None:
     edit(controller, "visible 0,2")
     edit(controller, f"limit 2GB {UUIDS[2][:8]}")
     assert controller.environ["CUDA_VISIBLE_DEVICES"] == "0,2"
-    assert controller.plan().gpu_configs == ((1, (2048,)),)
+    assert limit_table(controller.plan()) == ({1: (2048,)}, None)
 
 
 # ----- status -----------------------------------------------------------------------------------

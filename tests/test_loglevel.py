@@ -36,6 +36,7 @@ from tfgpu_magic.tf.envvars import TF_CPP_MIN_LOG_LEVEL
 from tfgpu_magic.tf.export import export
 from tfgpu_magic.tf.plan import build_plan
 from tfgpu_magic.tf.runtime import RuntimeState, too_late
+from tfgpu_magic.views.status import item_text
 
 TIMEOUT = 120
 
@@ -117,7 +118,7 @@ def test_after_import_the_cpp_level_is_locked_and_the_python_loggers_still_apply
     fake = FakeTF(imported=True)
     controller = Controller(api=fake, environ={})
     report = controller.set_policy(Policy(loglevel="error"))
-    assert report.locked == ["TF_CPP_MIN_LOG_LEVEL: unset → 2 (read when TensorFlow was imported)"]
+    assert [item_text(item) for item in report.locked] == ["TF_CPP_MIN_LOG_LEVEL: unset → 2 (read when TensorFlow was imported)"]
     assert "Python logger tensorflow: error and above" in report.applied and fake.loglevel == "error"
     assert controller.environ == {}
     report = controller.set_policy(Policy())
@@ -311,11 +312,12 @@ def test_after_import_the_cpp_level_is_reported_locked_and_the_python_loggers_fo
         import logging, warnings
         import tensorflow as tf
         from tfgpu_magic import configure
+        from tfgpu_magic.views.status import item_text
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             report = configure("loglevel error")
-        print("LOCKED", report.locked)
-        print("APPLIED", report.applied)
+        print("LOCKED", [item_text(item) for item in report.locked])
+        print("APPLIED", [item_text(item) for item in report.applied])
         print("LEVEL", logging.getLogger("tensorflow").level, len(caught))
         """)
     proc = subprocess.run([sys.executable, "-c", code], env=LOUD, capture_output=True, text=True, timeout=TIMEOUT)

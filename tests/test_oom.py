@@ -27,11 +27,23 @@ from kernels import CellResult, Kernel, running_kernel, tensorflow_stays_out_of_
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import InventoryCatalog, Nvml, read_inventory
 from tfgpu_magic.tf import importhook, initcell, oom
-from tfgpu_magic.tf.memory import parse_oom
+from tfgpu_magic.tf.oom import parse_oom
 from tfgpu_magic.tf.runtime import RuntimeState
+from tfgpu_magic.views import oom as oom_view
 
 GPU_OOM = ("OOM when allocating tensor with shape[8192,1024,1024] and type float on "
            "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc")
+
+
+@pytest.fixture(autouse=True)
+def worded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hook's words, the views' (`views.hookup` gives them when it hooks up the controller); put back after."""
+    monkeypatch.setattr(oom.settings, "words", oom_view.outcome_text)
+
+
+def explained(*args, **kwargs) -> str:
+    """`oom.explain`'s note in the views' words."""
+    return "\n".join(oom_view.explanation(oom.explain(*args, **kwargs)))
 
 
 # ----- parsing what was asked for -----------------------------------------------------------------
@@ -75,7 +87,7 @@ def gpu_session(*lines: str) -> tuple[FakeTF, Controller, FakeMemory]:
 def test_a_capped_gpu_oom_names_the_cap_and_what_to_do() -> None:
     fake, ctl, mem = gpu_session("visible 0,1", "limit 4GB 0")
     mem.allocate("GPU:0", 3 << 30)
-    text = "\n".join(oom.explain(Exception(GPU_OOM), ctl, mem))
+    text = explained(Exception(GPU_OOM), ctl, mem)
     assert "tfgpu: TensorFlow ran out of memory on GPU:0: it asked for 32.0 GiB (shape [8192, 1024, 1024], float)." \
         in text
     assert "Cap in force: 4.0 GiB (limit on GPU 0, 5% of the card)" in text
@@ -88,7 +100,7 @@ def test_a_capped_gpu_oom_names_the_cap_and_what_to_do() -> None:
 
 def test_an_uncapped_gpu_oom_does_not_blame_a_cap() -> None:
     fake, ctl, mem = gpu_session("visible 1", "growth on")
-    text = "\n".join(oom.explain(Exception(GPU_OOM), ctl, mem, peak_from_cell=True))
+    text = explained(Exception(GPU_OOM), ctl, mem, peak_from_cell=True)
     assert "Cap in force: none (growth on: the pool grows on demand)" in text
     assert "limit off" not in text and "growth on`" not in text
     assert "`%tfgpu restart` to give TensorFlow's pool back to the card" in text
@@ -97,7 +109,7 @@ def test_an_uncapped_gpu_oom_does_not_blame_a_cap() -> None:
 
 def test_a_cpu_oom_says_host_memory() -> None:
     fake, ctl, mem = gpu_session()
-    text = "\n".join(oom.explain(Exception(parse_message_cpu()), ctl, mem))
+    text = explained(Exception(parse_message_cpu()), ctl, mem)
     assert "on CPU:0: it asked for 1.0 TiB" in text and "host memory (RAM)" in text
     assert "Cap in force" not in text and text.endswith("Next: a smaller batch or tensor.")
 
@@ -185,6 +197,28 @@ def test_the_hook_ignores_other_errors_and_successes(tensorflow_errors: type[Exc
     assert held() is None and "released what only the failed cell's frames held" in out.getvalue()
 
 
+def test_without_the_views_words_the_hook_releases_and_says_nothing(tensorflow_errors: type[Exception]) -> None:
+    """The `tf` room finds and releases; only the views speak: before they fill `settings.words`
+    (outside the magic, the panel and `configure()`), an OOM's frames are still released, silently."""
+    oom.settings.words = None
+    out = io.StringIO()
+    error, held = raised_in_a_frame(tensorflow_errors(GPU_OOM))
+    oom.OomHook(Controller(environ={}), out=out)(SimpleNamespace(error_in_exec=error))
+    assert out.getvalue() == "" and held() is None
+
+
+def test_an_explanation_that_fails_is_one_line_and_the_frames_are_still_released(
+        tensorflow_errors: type[Exception]) -> None:
+    """Reading the figures raised (here: a controller without a policy): one `tfgpu:` line names that
+    error, then the release line; the hook raises nothing."""
+    out = io.StringIO()
+    error, held = raised_in_a_frame(tensorflow_errors(GPU_OOM))
+    oom.OomHook(SimpleNamespace(), out=out)(SimpleNamespace(error_in_exec=error))
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("tfgpu: (no explanation: AttributeError: ") and len(lines) == 2
+    assert lines[1].startswith("tfgpu: released what only the failed cell's frames held (") and held() is None
+
+
 # ----- cuDNN / cuBLAS start-up failures, on the real in-process shell ------------------------------
 DNN_FAILURES = [
     ("RuntimeError", "Could not create cudnn handle: CUDNN_STATUS_INTERNAL_ERROR"),
@@ -216,8 +250,8 @@ def test_a_dnn_startup_failure_points_to_who_and_growth(hooked, capsys, kind: st
     result = hooked.run_cell(f"class {kind}(Exception): pass\nraise {kind}({message!r})")
     assert type(result.error_in_exec).__name__ == kind
     captured = capsys.readouterr()
-    assert tfgpu_lines(captured.err) == [oom.DNN_STARTUP_HINT]
-    assert "`%tfgpu who`" in oom.DNN_STARTUP_HINT and "`%tfgpu growth on`" in oom.DNN_STARTUP_HINT
+    assert tfgpu_lines(captured.err) == [oom_view.DNN_STARTUP_HINT]
+    assert "`%tfgpu who`" in oom_view.DNN_STARTUP_HINT and "`%tfgpu growth on`" in oom_view.DNN_STARTUP_HINT
     assert message[:20] in captured.out + captured.err  # the traceback is IPython's own, untouched
 
 
@@ -225,7 +259,7 @@ def test_a_dnn_failure_as_the_cause_is_recognised(hooked, capsys) -> None:
     """Keras re-raises: the cuDNN message is on the cause, not on the error the cell ends with."""
     capsys.readouterr()
     hooked.run_cell("raise ValueError('training failed') from RuntimeError('CUDNN_STATUS_INTERNAL_ERROR')")
-    assert tfgpu_lines(capsys.readouterr().err) == [oom.DNN_STARTUP_HINT]
+    assert tfgpu_lines(capsys.readouterr().err) == [oom_view.DNN_STARTUP_HINT]
 
 
 @pytest.mark.parametrize("cell", ["raise ValueError('cudnn is fine, the input is not')", "x = 1",
@@ -447,4 +481,4 @@ def test_a_real_tensorflow_dnn_error_gets_the_hint(tf_kernel: Kernel) -> None:
     message = DNN_FAILURES[1][1]
     result = tf_kernel.run(f"raise tf.errors.UnknownError(None, None, {message!r})")
     assert result.status == "error" and result.errors[0]["ename"] == "UnknownError"
-    assert tfgpu_lines(result.stderr) == [oom.DNN_STARTUP_HINT]
+    assert tfgpu_lines(result.stderr) == [oom_view.DNN_STARTUP_HINT]

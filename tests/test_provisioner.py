@@ -134,8 +134,8 @@ def test_two_simultaneous_auto_launches_land_on_different_gpus(env: JupyterEnv, 
 
         from tfgpu_magic.holders import who
 
-        rows = {row["pid"]: row for row in who(Inventory(error="no NVML here"), env.runtime_dir)}
-        assert all(rows[m.provisioner.pid]["placed"].startswith("auto picked GPU ") for m in managers)
+        rows = {row.pid: row for row in who(Inventory(error="no NVML here"), env.runtime_dir)}
+        assert all(rows[m.provisioner.pid].placed.startswith("auto picked GPU ") for m in managers)
 
         before = seen[0]
         managers[0].restart_kernel(now=True)

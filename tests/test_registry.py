@@ -78,10 +78,11 @@ def test_every_action_has_a_handler_and_every_handler_an_action() -> None:
     assert set(actions.ACTIONS) == set(ACTIONS)
 
 
-def test_every_edit_has_one_way_to_apply() -> None:
-    """A field edit is applied generically; every other edit has a parser and an applier."""
+def test_every_edit_has_one_way_to_parse() -> None:
+    """A field edit is parsed from its `values`; every other edit has a parser of its own. Every edit
+    is applied alike (`apply_edit`), from the policy fields it sets."""
     fields = {d.name for d in REGISTRY if d.field is not None}
-    parsed = {d.name for d in REGISTRY if d.parse is not None and d.apply is not None}
+    parsed = {d.name for d in REGISTRY if d.kind == "edit" and d.parse is not None}
     assert fields.isdisjoint(parsed) and fields | parsed == set(EDITS)
     assert all(d.kind == "edit" for d in REGISTRY if d.field is not None)
 
@@ -95,9 +96,42 @@ def test_field_edits_set_their_field_from_each_word() -> None:
 
 
 def test_an_edit_is_data() -> None:
-    """Name, parsed arguments and cell line: equal edits for equal lines, no closures, no text."""
-    assert parse_line("limit 1GB 0") == parse_line("limit  1024MiB  0") == Edit("limit", {"entries": (("0", 1024),)})
+    """Name, the policy fields it sets in the policy's own form, and cell line: equal edits for equal
+    lines, no closures, no text."""
+    assert parse_line("limit 1GB 0") == parse_line("limit  1024MiB  0") == Edit("limit", (("limits", (("0", 1024),)),))
     assert [(e.name, e.line) for e in parse_cell("growth on\n\nloglevel info\n")] == [("growth", 1), ("loglevel", 3)]
+
+
+@pytest.mark.parametrize(
+    "line, changes, policy",
+    [
+        ("limit 2GB", (("limits", (("all", 2048),)),), Policy(limits=(("all", 2048),))),
+        ("growth on", (("growth", True),), Policy(growth=True)),
+        ("split 0 2x1GB", (("splits", (("0", (1024, 1024)),)),), Policy(splits=(("0", (1024, 1024)),))),
+        ("split cpu 3", (("cpu_devices", 3),), Policy(cpu_devices=3)),
+        ("visible 1,0", (("visible", ("1", "0")), ("sources", (("visible", None),))), Policy(visible=("1", "0"))),
+    ],
+)
+def test_an_edit_carries_the_policys_own_value(line: str, changes: tuple, policy: Policy) -> None:
+    """`limit 2GB` is `limits == (("all", 2048),)` from the parser on: the value the policy then holds."""
+    edit = parse_line(line)
+    assert edit == Edit(line.split()[0], changes)
+    assert apply_edit(Policy(), edit) == policy
+
+
+def test_per_gpu_entries_merge_and_none_removes_one() -> None:
+    """A limit or split given for some GPUs merges with the policy's; `off GPU` removes that GPU's,
+    `off` alone (an empty list) and a limit on every GPU replace them all."""
+    policy = Policy(limits=(("all", 1024), ("1", 2048)), splits=(("0", (512, 512)),), cpu_devices=2)
+    assert apply_edit(policy, parse_line("limit 3GB 2")).limits == (("all", 1024), ("1", 2048), ("2", 3072))
+    assert apply_edit(policy, parse_line("limit off 1")).limits == (("all", 1024),)
+    assert apply_edit(policy, parse_line("limit 4GB")).limits == (("all", 4096),)
+    assert apply_edit(policy, parse_line("limit off")).limits == ()
+    assert apply_edit(policy, parse_line("split 2 1GB,2GB")).splits == (("0", (512, 512)), ("2", (1024, 2048)))
+    assert apply_edit(policy, parse_line("split off")) == Policy(limits=policy.limits)
+    assert apply_edit(policy, parse_line("reset")) == Policy()
+    with pytest.raises(PolicyError, match="^limit off: GPU 0 has no limit of its own \\(a limit on all GPUs stays"):
+        apply_edit(policy, parse_line("limit off 0"))
 
 
 def test_names_are_unique_lower_case_words() -> None:

@@ -37,6 +37,7 @@ from tfgpu_magic.selftest.rules import (FAIL, GPU, NVML, PASS, RULES, SKIP, TENS
 from tfgpu_magic.tf import importhook
 from tfgpu_magic.tf.memory import memory
 from tfgpu_magic.tf.runtime import ASYNC_ALLOCATOR
+from tfgpu_magic.views import selftest as selftest_view
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -115,7 +116,7 @@ def test_the_json_is_a_list_of_rules_and_the_text_says_the_same(here) -> None:
     data = json.loads(done.stdout)
     assert [set(item) for item in data] == [set(report.Row._fields)] * len(RULES)
     assert all(item["verdict"] in (PASS, FAIL, SKIP) for item in data)
-    text = report.text(list(rows.values()))
+    text = selftest_view.text(list(rows.values()))
     assert text.splitlines()[0].startswith(f"tfgpu_magic selftest · Python {sys.version.split()[0]}")
     assert f"[pass] split-cpu: `split cpu 3` gives 3 logical CPUs  ({rows['split-cpu'].seconds:.1f} s)" in text
     counts = {verdict: sum(row.verdict == verdict for row in rows.values()) for verdict in (PASS, FAIL, SKIP)}

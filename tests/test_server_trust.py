@@ -40,6 +40,7 @@ from servers import (
 )
 
 from tfgpu_magic.jupyter import restart
+from tfgpu_magic.jupyter import server as server_client
 
 KERNEL_ID = str(uuid.uuid4())
 POLICY_IN_FORCE = "__import__('tfgpu_magic').current_policy().cpu_devices"
@@ -63,7 +64,7 @@ def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch.delenv(name, raising=False)
     # The one simulated fact: this test process, which holds the listeners' sockets, stands in for the
     # server that started the kernel. Whether that pid holds the named port is checked for real.
-    monkeypatch.setattr(restart, "ancestors", lambda: [os.getpid()])
+    monkeypatch.setattr(server_client, "ancestors", lambda: [os.getpid()])
     return directory
 
 
@@ -86,7 +87,7 @@ def test_stale_server_file_of_a_dead_server_gets_no_request(runtime: Path, monke
     with RecordingListener(lists_kernel) as squatter:
         write_server_file(runtime, dead_pid(), squatter.port, token=secrets.token_hex(8))
         write_server_file(runtime, dead_pid(), squatter.port, token="")
-        assert restart.find_server(KERNEL_ID, runtime) is None
+        assert server_client.find_server(KERNEL_ID, runtime) is None
     assert squatter.requests == []
 
 
@@ -94,7 +95,7 @@ def test_live_server_that_did_not_start_this_kernel_gets_no_request(runtime: Pat
     """A live process (not an ancestor of this kernel) whose listener lists the kernel id: no request."""
     with RecordingListener(lists_kernel) as stranger:
         write_server_file(runtime, live_stranger, stranger.port, token=secrets.token_hex(8))
-        assert restart.find_server(KERNEL_ID, runtime) is None
+        assert server_client.find_server(KERNEL_ID, runtime) is None
     assert stranger.requests == []
 
 
@@ -104,7 +105,7 @@ def test_owning_server_is_asked_once_with_its_token(runtime: Path):
     token = secrets.token_hex(8)
     with RecordingListener(lists_kernel) as owner:
         write_server_file(runtime, os.getpid(), owner.port, token=token)
-        found = restart.find_server(KERNEL_ID, runtime)
+        found = server_client.find_server(KERNEL_ID, runtime)
     assert found is not None and found.pid == os.getpid() and token not in repr(found)
     assert [(r.method, r.path) for r in owner.requests] == [("GET", f"/api/kernels/{KERNEL_ID}")]
     assert owner.requests[0].headers["Authorization"] == f"token {token}"
@@ -114,7 +115,7 @@ def test_owning_server_that_does_not_list_the_kernel_is_not_the_owner(runtime: P
     """An ancestor server that answers 200 but not with this kernel (or 404) does not own it."""
     with RecordingListener() as owner:
         write_server_file(runtime, os.getpid(), owner.port, token=secrets.token_hex(8))
-        assert restart.find_server(KERNEL_ID, runtime) is None
+        assert server_client.find_server(KERNEL_ID, runtime) is None
     assert len(owner.requests) == 1
 
 
@@ -123,30 +124,58 @@ def test_ancestor_pid_whose_file_names_a_port_it_does_not_hold_gets_no_request(
 ):
     """A `jpserver` file naming a real ancestor (a reused pid, or a shell that is no Jupyter server)
     and a port some other process listens on: that listener lists the kernel, and receives nothing."""
-    monkeypatch.setattr(restart, "ancestors", lambda: [os.getppid()])
+    monkeypatch.setattr(server_client, "ancestors", lambda: [os.getppid()])
     with RecordingListener(lists_kernel) as squatter:  # held by this process, not by the ancestor
         write_server_file(runtime, os.getppid(), squatter.port, token=secrets.token_hex(8))
-        assert restart.find_server(KERNEL_ID, runtime) is None
+        assert server_client.find_server(KERNEL_ID, runtime) is None
     assert squatter.requests == []
 
 
 def test_listening_addresses_tell_who_holds_which_address():
     """The socket check itself: this process holds its listeners' exact addresses; its parent none."""
     with RecordingListener(lists_kernel) as v4, RecordingListener(lists_kernel, host="::1") as v6:
-        assert restart.listening_addresses(os.getpid(), v4.port) == {"127.0.0.1"}
-        assert restart.listening_addresses(os.getpid(), v6.port) == {"::1"}
-        assert restart.listening_addresses(os.getppid(), v4.port) == set()
+        assert server_client.listening_addresses(os.getpid(), v4.port) == {"127.0.0.1"}
+        assert server_client.listening_addresses(os.getpid(), v6.port) == {"::1"}
+        assert server_client.listening_addresses(os.getppid(), v4.port) == set()
+
+
+@pytest.mark.parametrize("source", ["sock_diag", "/proc/net/tcp"])
+def test_listening_addresses_from_either_source(source: str, monkeypatch: pytest.MonkeyPatch):
+    """The same answers whether the kernel is asked through netlink or /proc/net/tcp{,6} is read (the
+    fallback where netlink is refused): exact addresses, the wildcard, and only the IP versions asked."""
+    if source != "sock_diag":
+        monkeypatch.setattr(server_client, "_diag_listening", lambda version: (_ for _ in ()).throw(OSError("refused")))
+    with RecordingListener(lists_kernel) as v4, RecordingListener(lists_kernel, host="::1") as v6, \
+            RecordingListener(lists_kernel, host="0.0.0.0") as anywhere:  # noqa: S104
+        assert server_client.listening_addresses(os.getpid(), v4.port) == {"127.0.0.1"}
+        assert server_client.listening_addresses(os.getpid(), v6.port) == {"::1"}
+        assert server_client.listening_addresses(os.getpid(), v6.port, (4,)) == set()
+        assert server_client.listening_addresses(os.getpid(), anywhere.port, (4,)) == {"0.0.0.0"}
+
+
+def test_sock_diag_lists_what_proc_net_tcp_lists():
+    """Netlink's dump of listening sockets equals the /proc tables' listening rows, sockets of this
+    test among them; skipped where netlink is refused (then only the tables are read)."""
+    with RecordingListener(lists_kernel) as v4, RecordingListener(lists_kernel, host="::1") as v6:
+        try:
+            asked = sorted(server_client._diag_listening(4) + server_client._diag_listening(6))
+        except OSError as err:
+            pytest.skip(f"netlink sock_diag refused here: {err}")
+        read = sorted(server_client._table_listening(server_client.TCP_TABLES[4])
+                      + server_client._table_listening(server_client.TCP_TABLES[6]))
+        assert {("127.0.0.1", v4.port), ("::1", v6.port)} <= {(address, port) for address, port, _ in asked}
+    assert asked == read
 
 
 def test_owner_host_needs_the_exact_address_or_its_own_wildcard():
     """127.0.0.1 is vouched for by 127.0.0.1 or 0.0.0.0 only; an IPv6 wildcard may be IPv6-only."""
     both = ["127.0.0.1", "::1"]
-    assert restart.owner_host(both, {"127.0.0.1"}) == "127.0.0.1"
-    assert restart.owner_host(both, {"0.0.0.0"}) == "127.0.0.1"
-    assert restart.owner_host(both, {"::1"}) == "::1"
-    assert restart.owner_host(both, {"::"}) == "::1"
-    assert restart.owner_host(["127.0.0.1"], {"::", "::1"}) is None
-    assert restart.owner_host(both, set()) is None
+    assert server_client.owner_host(both, {"127.0.0.1"}) == "127.0.0.1"
+    assert server_client.owner_host(both, {"0.0.0.0"}) == "127.0.0.1"
+    assert server_client.owner_host(both, {"::1"}) == "::1"
+    assert server_client.owner_host(both, {"::"}) == "::1"
+    assert server_client.owner_host(["127.0.0.1"], {"::", "::1"}) is None
+    assert server_client.owner_host(both, set()) is None
 
 
 STRANGER = """
@@ -192,7 +221,7 @@ def test_another_uid_on_127_0_0_1_gets_nothing_when_the_owner_is_on_ipv6_only(ru
         try:
             assert stranger.stdout is not None and stranger.stdout.readline().strip() == "listening"
             write_server_file(runtime, os.getpid(), owner.port, token, hostname="localhost")
-            server = restart.find_server(KERNEL_ID, runtime)
+            server = server_client.find_server(KERNEL_ID, runtime)
             assert server is not None and server.url == f"http://[::1]:{owner.port}/"
             found = sessions.kernel_sessions(runtime)
             assert KERNEL_ID in found and found[KERNEL_ID].server.url == server.url
@@ -206,7 +235,7 @@ def test_another_uid_on_127_0_0_1_gets_nothing_when_the_owner_is_on_ipv6_only(ru
 def test_a_server_running_as_init_is_an_ancestor():
     """In a container whose entrypoint is the Jupyter server (pid 1) and whose kernels start through a
     wrapper (`sh -c`), pid 1 is among the kernel's ancestors: a fresh pid namespace shows it."""
-    probe = "from tfgpu_magic.jupyter.restart import ancestors; print(ancestors())"
+    probe = "from tfgpu_magic.jupyter.server import ancestors; print(ancestors())"
     script = f"import subprocess, sys; subprocess.run(['sh', '-c', {sys.executable!r} + ' -c \"{probe}\"; true'])"
     try:
         done = subprocess.run(["unshare", "-pf", "--mount-proc", sys.executable, "-c", script],
@@ -233,7 +262,7 @@ def test_proxy_in_the_environment_receives_nothing(runtime: Path, monkeypatch: p
             urllib.request.urlopen("http://127.0.0.1:9/", timeout=2)  # noqa: S310
         proxy.requests.clear()
         write_server_file(runtime, os.getpid(), owner.port, token=token)
-        found = restart.find_server(KERNEL_ID, runtime)
+        found = server_client.find_server(KERNEL_ID, runtime)
         found_post = found.request("POST", f"api/kernels/{KERNEL_ID}/restart") if found else None
         urllib.request.install_opener(None)
     assert found is not None and found_post == {}
@@ -252,7 +281,7 @@ def test_redirect_is_not_followed_with_the_token(runtime: Path, capsys: pytest.C
 
         with RecordingListener(redirect) as owner:
             write_server_file(runtime, os.getpid(), owner.port, token=token)
-            assert restart.find_server(KERNEL_ID, runtime) is None
+            assert server_client.find_server(KERNEL_ID, runtime) is None
     assert target.requests == [] and len(owner.requests) == 1
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and "302" in lines[0] and token not in lines[0], lines
@@ -266,7 +295,7 @@ def test_wildcard_server_is_reached_over_loopback(runtime: Path):
         write_server_file(
             runtime, os.getpid(), owner.port, token="t", hostname="0.0.0.0", url=f"http://example.invalid:{owner.port}/"
         )
-        found = restart.find_server(KERNEL_ID, runtime)
+        found = server_client.find_server(KERNEL_ID, runtime)
     assert found is not None and found.url == f"http://127.0.0.1:{owner.port}/"
     assert len(owner.requests) == 1
 
@@ -279,7 +308,7 @@ def test_remote_server_never_gets_the_token(runtime: Path, host: str, capsys: py
     with RecordingListener(lists_kernel) as listener:
         write_server_file(runtime, os.getpid(), listener.port, token="t", hostname=host, url=listener.url)
         started = time.monotonic()
-        assert restart.find_server(KERNEL_ID, runtime) is None
+        assert server_client.find_server(KERNEL_ID, runtime) is None
         assert time.monotonic() - started < 1.0
     assert listener.requests == []
     lines = capsys.readouterr().err.splitlines()
@@ -290,18 +319,18 @@ def test_loopback_rules():
     """What `loopback_hosts` accepts: loopback addresses and the wildcards, nothing else; `server_url`
     builds the URL at the address the owner holds."""
     info = {"port": 8888, "base_url": "/lab/", "secure": False}
-    assert restart.loopback_hosts({**info, "hostname": "127.0.0.1"}) == ["127.0.0.1"]
-    assert restart.loopback_hosts({**info, "hostname": "localhost"}) == ["127.0.0.1", "::1"]
-    assert restart.loopback_hosts({**info, "hostname": "::"}) == ["::1", "127.0.0.1"]
-    assert restart.loopback_hosts({**info, "hostname": "::1"}) == ["::1"]
+    assert server_client.loopback_hosts({**info, "hostname": "127.0.0.1"}) == ["127.0.0.1"]
+    assert server_client.loopback_hosts({**info, "hostname": "localhost"}) == ["127.0.0.1", "::1"]
+    assert server_client.loopback_hosts({**info, "hostname": "::"}) == ["::1", "127.0.0.1"]
+    assert server_client.loopback_hosts({**info, "hostname": "::1"}) == ["::1"]
     for bad in ({"hostname": "8.8.8.8"}, {"hostname": "127.0.0.1", "port": "8888"}, {"hostname": "127.0.0.1", "port": True},
                 {"hostname": "127.0.0.1", "sock": "/tmp/s"}, {"hostname": "127.0.0.1", "base_url": "http://x/"},
                 {"hostname": ["127.0.0.1"]}, {"hostname": "localhost.example"}):  # fmt: skip
-        assert restart.loopback_hosts({**info, **bad}) == [], bad
+        assert server_client.loopback_hosts({**info, **bad}) == [], bad
     with RecordingListener(lists_kernel, host="::1") as v6:
         info = {**info, "port": v6.port, "hostname": "localhost", "secure": True}
-        assert restart.server_url(info, os.getpid()) == f"https://[::1]:{v6.port}/lab/"
-        assert restart.server_url({**info, "hostname": "127.0.0.1"}, os.getpid()) is None
+        assert server_client.server_url(info, os.getpid()) == f"https://[::1]:{v6.port}/lab/"
+        assert server_client.server_url({**info, "hostname": "127.0.0.1"}, os.getpid()) is None
 
 
 # ----- real servers and kernels -----------------------------------------------------------------------

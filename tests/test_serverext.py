@@ -45,6 +45,7 @@ from tfgpu_magic.gpus import inventory
 from tfgpu_magic.gpus.inventory import MIB, InventoryCatalog, Nvml, read_inventory
 from tfgpu_magic.jupyter import kernelstate
 from tfgpu_magic.serverext import gather
+from tfgpu_magic.views.status import change_text
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTENSION_CONFIG = ROOT / "jupyter-config" / "jupyter_server_config.d" / "tfgpu_magic.json"
@@ -178,8 +179,7 @@ class NotebookKernel:
 
     def publish(self, *directives: str) -> None:
         """Start publishing in the kernel (as loading the extension will), then edit its policy."""
-        lines = ["import tfgpu_magic", "from tfgpu_magic.jupyter import kernelstate",
-                 "kernelstate.start_publishing(get_ipython(), tfgpu_magic.get_controller())",
+        lines = ["import tfgpu_magic", "tfgpu_magic.get_controller()  # hooks up the views' words: publishing starts",
                  "%load_ext tfgpu_magic", *[f"%tfgpu {line}" for line in directives]]
         self.kernel.ok("\n".join(lines))
 
@@ -347,7 +347,7 @@ def _published(path: Path) -> dict[str, Any]:
 def test_the_state_is_written_on_change_only_and_removed_when_publishing_stops(
         fake_kernel: tuple[FakeTF, Controller, Path]) -> None:
     fake, controller, connection = fake_kernel
-    publisher = kernelstate.start_publishing(kernel_shell(connection), controller)
+    publisher = kernelstate.start_publishing(kernel_shell(connection), controller, word=change_text)
     path = kernelstate.state_path("k1", connection.parent)
     assert publisher is not None and publisher.path == path and stat.S_IMODE(path.stat().st_mode) == 0o600
     first = _published(path)
@@ -357,7 +357,7 @@ def test_the_state_is_written_on_change_only_and_removed_when_publishing_stops(
     writes = publisher.writes
     assert _published(path)["policy"]["growth"] is True and writes > 1
     assert kernelstate.changed() is False and publisher.writes == writes  # nothing changed: nothing written
-    assert kernelstate.start_publishing(kernel_shell(connection), controller) is publisher
+    assert kernelstate.start_publishing(kernel_shell(connection), controller, word=change_text) is publisher
     kernelstate.stop_publishing()
     assert not path.exists()
     controller.edit([controller.parse("growth off")])
@@ -367,7 +367,7 @@ def test_the_state_is_written_on_change_only_and_removed_when_publishing_stops(
 def test_initialization_and_a_change_that_waits_for_a_restart_are_published(
         fake_kernel: tuple[FakeTF, Controller, Path]) -> None:
     fake, controller, connection = fake_kernel
-    kernelstate.start_publishing(kernel_shell(connection), controller)
+    kernelstate.start_publishing(kernel_shell(connection), controller, word=change_text)
     path = kernelstate.state_path("k1", connection.parent)
     fake.initialize()
     assert kernelstate.changed(initialized_by="by In [3]: `x = tf.ones(3)`") is True
@@ -381,15 +381,15 @@ def test_initialization_and_a_change_that_waits_for_a_restart_are_published(
 
 def test_nothing_is_published_outside_a_server_kernel(fake_kernel: tuple[FakeTF, Controller, Path], tmp_path: Path) -> None:
     _, controller, _ = fake_kernel
-    assert kernelstate.start_publishing(SimpleNamespace(kernel=None), controller) is None
-    assert kernelstate.start_publishing(kernel_shell(tmp_path / "tmpab12cd.json"), controller) is None  # nbclient's name
+    assert kernelstate.start_publishing(SimpleNamespace(kernel=None), controller, word=change_text) is None
+    assert kernelstate.start_publishing(kernel_shell(tmp_path / "tmpab12cd.json"), controller, word=change_text) is None  # nbclient's name
     assert kernelstate.changed() is False and list(tmp_path.iterdir()) == []
 
 
 def test_a_successors_file_is_left_in_place(fake_kernel: tuple[FakeTF, Controller, Path]) -> None:
     """After a restart the new kernel (another pid) owns the file: the old one's exit keeps it."""
     _, controller, connection = fake_kernel
-    kernelstate.start_publishing(kernel_shell(connection), controller)
+    kernelstate.start_publishing(kernel_shell(connection), controller, word=change_text)
     path = kernelstate.state_path("k1", connection.parent)
     _write_state(path, kernel_id="k1", pid=os.getpid() + 1)
     kernelstate.stop_publishing()
@@ -400,7 +400,7 @@ def test_a_write_that_fails_warns_once_and_the_kernel_goes_on(
         fake_kernel: tuple[FakeTF, Controller, Path], capsys: pytest.CaptureFixture[str]) -> None:
     _, controller, connection = fake_kernel
     kernelstate.state_path("k1", connection.parent).symlink_to(connection.parent / "elsewhere")
-    publisher = kernelstate.start_publishing(kernel_shell(connection), controller)
+    publisher = kernelstate.start_publishing(kernel_shell(connection), controller, word=change_text)
     controller.edit([controller.parse("growth on")])
     assert publisher is not None and publisher.writes == 0
     assert capsys.readouterr().err.count("could not publish this kernel's state") == 1
@@ -414,7 +414,7 @@ def test_the_server_reads_what_the_kernel_published(fake_kernel: tuple[FakeTF, C
     _, controller, _ = fake_kernel
     kernel_id, pid = lookalike_kernel
     controller.edit([controller.parse("visible 1"), controller.parse("limit 4GB")])
-    record = kernelstate.snapshot(controller, kernel_id, None)
+    record = kernelstate.snapshot(controller, kernel_id, None, change_text)
     path = kernelstate.state_path(kernel_id, tmp_path)
     path.write_text(json.dumps({**record, "pid": pid}))
     path.chmod(0o600)

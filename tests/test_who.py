@@ -7,6 +7,7 @@ as GPU holders. The server's token must never appear in anything `who` returns o
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import threading
@@ -64,8 +65,8 @@ def setup() -> Iterator[Setup]:
         yield Setup(server, kernels)
 
 
-def _row(rows: list[dict[str, Any]], pid: int) -> dict[str, Any]:
-    return next(row for row in rows if row["pid"] == pid)
+def _row(rows: list[holders.Holder], pid: int) -> holders.Holder:
+    return next(row for row in rows if row.pid == pid)
 
 
 def test_who_names_each_kernels_notebook_memory_and_tensorflow(setup: Setup) -> None:
@@ -73,16 +74,25 @@ def test_who_names_each_kernels_notebook_memory_and_tensorflow(setup: Setup) -> 
     a_id, a_pid = setup.kernels["a.ipynb"]
     b_id, b_pid = setup.kernels["sub/b.ipynb"]
     a, b = _row(rows, a_pid), _row(rows, b_pid)
-    assert (a["kernel_id"], a["notebook"], a["tensorflow"], a["gpu_memory"]) == (a_id, "a.ipynb", True, {1: TF_MIB * MIB})
-    assert (b["kernel_id"], b["notebook"], b["tensorflow"], b["gpu_memory"]) == (b_id, "sub/b.ipynb", False, {2: B_MIB * MIB})
+    assert (a.kernel_id, a.notebook, a.tensorflow, a.gpu_memory) == (a_id, "a.ipynb", True, {1: TF_MIB * MIB})
+    assert (b.kernel_id, b.notebook, b.tensorflow, b.gpu_memory) == (b_id, "sub/b.ipynb", False, {2: B_MIB * MIB})
     for row in (a, b):
-        assert row["user"] and not row["this"] and row["state"] == "idle"
-        assert isinstance(row["idle_seconds"], float) and 0 <= row["idle_seconds"] < 3600
+        assert row.user and not row.this and row.state == "idle"
+        assert isinstance(row.idle_seconds, float) and 0 <= row.idle_seconds < 3600
     me = _row(rows, os.getpid())
-    assert me["this"] and me["gpu_memory"] == {0: 1024 * MIB} and me["kernel_id"] is None and not me["is_kernel"]
+    assert me.this and me.gpu_memory == {0: 1024 * MIB} and me.kernel_id is None and not me.is_kernel
     other = _row(rows, OTHER_PID)
-    assert other["gpu_memory"] == {0: 19456 * MIB} and other["notebook"] is None and other["kernel_id"] is None
-    assert set(a) >= {"pid", "user", "kernel_id", "notebook", "tensorflow", "gpu_memory", "idle_seconds", "this"}
+    assert other.gpu_memory == {0: 19456 * MIB} and other.notebook is None and other.kernel_id is None
+
+
+def test_the_public_form_is_a_plain_dict_of_its_own() -> None:
+    """`Holder.as_dict()` (what `tfgpu_magic.who()` gives): every field by name, JSON-ready, and its
+    `gpu_memory` a copy, so a caller editing it leaves the row as it was."""
+    row = _fake_row()
+    public = row.as_dict()
+    assert json.loads(json.dumps(public)) == {**FAKE_FIELDS, "gpu_memory": {"0": 3 * 1024 * MIB}}
+    public["gpu_memory"][1] = 0
+    assert row.gpu_memory == {0: 3 * 1024 * MIB}
 
 
 def test_inside_a_kernel_who_marks_that_kernel_and_names_its_notebook(setup: Setup) -> None:
@@ -93,7 +103,7 @@ def test_inside_a_kernel_who_marks_that_kernel_and_names_its_notebook(setup: Set
     kernel: KernelConnection = setup.server.connect(a_id)
     try:
         row = kernel.evaluate(
-            "[r for r in __import__('tfgpu_magic.holders').holders.who() if r['this']][0]", timeout=60)
+            "[r for r in __import__('tfgpu_magic.holders').holders.who() if r.this][0].as_dict()", timeout=60)
         text = kernel.evaluate("__import__('tfgpu_magic.views.who').views.who.report()", timeout=60)
     finally:
         kernel.close()
@@ -122,7 +132,7 @@ def test_without_nvml_this_users_kernels_are_still_listed(setup: Setup) -> None:
     inventory = setup.inventory(nvml=False)
     rows = holders.who(inventory, setup.runtime_dir)
     a = _row(rows, setup.kernels["a.ipynb"][1])
-    assert a["gpu_memory"] == {} and a["notebook"] == "a.ipynb" and a["tensorflow"] is True
+    assert a.gpu_memory == {} and a.notebook == "a.ipynb" and a.tensorflow is True
     text = who_view.render(rows, inventory)
     assert text.startswith(who_view.NO_NVML) and "a.ipynb" in text and "sub/b.ipynb" in text
 
@@ -155,19 +165,23 @@ def test_shutdown_needs_yes_and_goes_to_the_owning_server(setup: Setup) -> None:
     assert b_id in [k["id"] for k in setup.server.kernels()]
     with pytest.raises(PolicyError, match="no Jupyter server of yours"):
         holders.shutdown("not-a-kernel", yes=True, runtime_dir=setup.runtime_dir)
-    said = holders.shutdown(b_id, yes=True, runtime_dir=setup.runtime_dir)
+    done = holders.shutdown(b_id, yes=True, runtime_dir=setup.runtime_dir)
+    said = who_view.shutdown_text(done)
+    assert done == holders.ShutDown(b_id, "sub/b.ipynb")
     assert said == f"Shut down kernel {b_id} (sub/b.ipynb)." and setup.server.token not in said
     assert b_id not in [k["id"] for k in setup.server.kernels()]
     wait_until(lambda: not processes.alive(b_pid) or None, 30, "kernel b gone")
 
 
 # ----- the rendering's rules, on rows as `who` makes them ----------------------------------------
-def _fake_row(**changes: Any) -> dict[str, Any]:
-    row = {"pid": 7, "user": "me", "kernel_id": "k-123", "notebook": "x.ipynb", "tensorflow": True,
-           "gpu_memory": {0: 3 * 1024 * MIB}, "idle_seconds": 7200.0, "this": False, "state": "idle",
-           "placed": None, "mine": True, "is_kernel": True}
-    row.update(changes)
-    return row
+FAKE_FIELDS: dict[str, Any] = {
+    "pid": 7, "user": "me", "kernel_id": "k-123", "notebook": "x.ipynb", "tensorflow": True,
+    "gpu_memory": {0: 3 * 1024 * MIB}, "idle_seconds": 7200.0, "this": False, "state": "idle",
+    "placed": None, "mine": True, "is_kernel": True}
+
+
+def _fake_row(**changes: Any) -> holders.Holder:
+    return holders.Holder(**{**FAKE_FIELDS, "gpu_memory": dict(FAKE_FIELDS["gpu_memory"]), **changes})
 
 
 def test_an_idle_own_kernel_holding_a_gpu_gets_a_shutdown_hint_and_others_only_user_and_memory() -> None:
@@ -179,6 +193,10 @@ def test_an_idle_own_kernel_holding_a_gpu_gets_a_shutdown_hint_and_others_only_u
     assert "  pid 8 · bob · 3.0 GiB" in text.splitlines()
     busy = who_view.render([_fake_row(state="busy", idle_seconds=None)], inventory)
     assert "--shutdown" not in busy and "busy" in busy
+
+
+def test_a_shutdown_without_a_notebook_names_the_kernel_only() -> None:
+    assert who_view.shutdown_text(holders.ShutDown("k-123", None)) == "Shut down kernel k-123."
 
 
 # ----- /proc read as hostile --------------------------------------------------------------------

@@ -36,12 +36,12 @@ def __getattr__(name: str) -> Any:
 
 
 def get_controller() -> Any:
-    """The process-wide controller shared by the magic, the panel and `configure()`, set to say on
-    stderr what applying at `import tensorflow` leaves undone."""
+    """The process-wide controller shared by the magic, the panel and `configure()`, with the views'
+    words hooked up (`views.hookup`)."""
     from .controller import get_controller as shared
-    from .views.status import told
+    from .views.hookup import hook_up
 
-    return told(shared())
+    return hook_up(shared())
 
 
 def configure(*directives: str) -> ApplyReport:
@@ -84,7 +84,7 @@ def who(inventory: Any = None) -> list[dict[str, Any]]:
     Jupyter kernel of this user or holds GPU memory (see the README's "Who holds the GPUs")."""
     from .holders import who as rows
 
-    return rows(inventory)
+    return [row.as_dict() for row in rows(inventory)]
 
 
 def session_config() -> Any:

@@ -43,8 +43,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from .selftest.report import failed, text, to_json
+    from .selftest.report import failed, to_json
     from .selftest.run import default_workers, selftest
+    from .views.selftest import text
 
     count = args.workers or default_workers()
     start = time.monotonic()

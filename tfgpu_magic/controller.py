@@ -8,20 +8,22 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Callable, Iterable, MutableMapping, NamedTuple
+from typing import TYPE_CHECKING, Callable, Iterable, MutableMapping, NamedTuple
 
 from .tf import importhook
 from .errors import PolicyError
-from .language.directives import gpu_asks
-from .language.grammar import Edit, GpuCatalog, apply_edit, parse_line
 from .gpus.inventory import Inventory, InventoryCatalog, cached_inventory
 from .tf.envvars import CUDA_VISIBLE_DEVICES, NAMES
 from .tf.plan import Plan, build_plan, gpu_refs, uses_gpu_settings
 from .language.policy import ALL_GPUS, Policy, is_index
-from .tf.apply import (ApplyReport, any_logical_recorded, apply_plan, locked_env_lines, pending_changes, recorded_settings, session_config)
+from .tf.apply import (ApplyReport, Change, Recorded, any_logical_recorded, apply_plan, env_changes, pending_changes,
+                       recorded_settings, session_config)
 from .tf.configapi import ConfigAPI, TensorFlowConfig
 from .tf.routes import install_routes
 from .tf.runtime import RuntimeState, current_shell, too_late
+
+if TYPE_CHECKING:  # the grammar loads at the first edit: a restarted kernel applies a stored policy without it
+    from .language.grammar import Edit, GpuCatalog
 
 
 class ListedGpu(NamedTuple):
@@ -60,7 +62,7 @@ class Controller:
         self.last_report: ApplyReport | None = None
         self.on_import_failure: Callable[[ApplyReport], None] | None = None
         """Told what applying at `import tensorflow` left undone; a view sets it (views render, see
-        `views.status.told`), so the controller imports none."""
+        `views.hookup`), so the controller imports none."""
         self._original_env: dict[str, str | None] = {}
         self._notes_shown: set[str] = set()
         self.listeners: list[Callable[[Controller], None]] = []
@@ -84,20 +86,22 @@ class Controller:
         """The variables this tool manages, as set in the environment now (by us or inherited)."""
         return {name: value for name in NAMES if (value := self.environ.get(name)) is not None}
 
-    def recorded(self, state: RuntimeState | None = None) -> list[str] | None:
-        """What TensorFlow has recorded, one line per setting; None while it is not imported."""
+    def recorded(self, state: RuntimeState | None = None) -> list[Recorded] | None:
+        """What TensorFlow has recorded, a record per device (the views word them); None while it is
+        not imported."""
         state = state or self.state()
         return recorded_settings(self.api) if state.imported else None
 
-    def pending(self, state: RuntimeState | None = None) -> list[tuple[str, list[str]]]:
-        """Settings TensorFlow has not taken yet, as (title, descriptions) groups: those only a restart
-        can make, and those `%tfgpu apply` still can. Empty before CUDA started (nothing to compare)."""
+    def pending(self, state: RuntimeState | None = None) -> list[tuple[str, list[Change]]]:
+        """Settings TensorFlow has not taken yet, as (title, changes) groups: those only a restart can
+        make, and those `%tfgpu apply` still can (the views word them). Empty before CUDA started
+        (nothing to compare)."""
         state = state or self.state()
         if not (state.devices_listed or state.devices_created):
             return []
-        changes, _ = pending_changes(self.plan(state), self.api)
-        restart = [c.describe() for c in changes if state.initialized or c.needs_restart]
-        apply = [c.describe() for c in changes if not (state.initialized or c.needs_restart)]
+        steps, _ = pending_changes(self.plan(state), self.api)
+        restart = [step.change for step in steps if state.initialized or step.needs_restart]
+        apply = [step.change for step in steps if not (state.initialized or step.needs_restart)]
         groups = [("Pending, needs a restart", restart), ("Not applied yet (`%tfgpu apply`)", apply)]
         return [(title, items) for title, items in groups if items]
 
@@ -146,6 +150,8 @@ class Controller:
     # ----- editing -------------------------------------------------------------------------
     def parse(self, line: str) -> Edit:
         """Parse a line that must be a policy edit."""
+        from .language.grammar import Edit, parse_line
+
         directive = parse_line(line, self.catalog)
         if not isinstance(directive, Edit):
             raise PolicyError(f"`{directive.name}` is not a policy change")
@@ -173,6 +179,8 @@ class Controller:
 
     def _edited(self, policy: Policy, edits: list[Edit]) -> Policy:
         """`policy` with every edit applied in turn, not validated; an error names its cell line."""
+        from .language.grammar import apply_edit
+
         for edit in edits:
             try:
                 policy = apply_edit(policy, edit, self.catalog)
@@ -187,6 +195,8 @@ class Controller:
         before, self.policy = self.policy, policy
         report = self.apply()
         if report.absent:
+            from .language.directives import gpu_asks
+
             names = self.catalog.uuid_to_index()
             asked = gpu_asks(before, names)
             report.gpu_edits = [phrase for phrase in gpu_asks(policy, names) if phrase not in asked]
@@ -263,7 +273,7 @@ class Controller:
             report = apply_plan(plan, self.api)
         else:
             importhook.arm(self._on_import)
-            report = ApplyReport(state=state, waiting=True, locked=locked_env_lines(plan))
+            report = ApplyReport(state=state, waiting=True, locked=env_changes(plan))
         report.applied[:0] = env_applied
         notes = [*plan.notes, *report.notes]
         report.notes = [note for note in notes if note not in self._notes_shown]
@@ -338,9 +348,6 @@ class Controller:
 
 @functools.cache
 def get_controller() -> Controller:
-    """The process-wide controller shared by the magic, the panel and `configure()`."""
-    controller = Controller()
-    from .jupyter.kernelstate import start_publishing
-
-    start_publishing(current_shell(), controller)  # in a server's kernel: its state for the server extension
-    return controller
+    """The process-wide controller shared by the magic, the panel and `configure()` (each hooks up the
+    views' words: `views.hookup`)."""
+    return Controller()

@@ -1,4 +1,5 @@
 """`%tfgpu doctor`: why TensorFlow does (not) see a GPU, as ordered checks with a verdict and a fix.
+The checks are data (`Check`); `views.doctor` words them.
 
 Nothing here initializes TensorFlow or starts CUDA: TensorFlow's build is read from its
 `build_info.py` without importing it, its pip CUDA packages from their metadata, what the loader
@@ -10,7 +11,6 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -44,14 +44,12 @@ LAST_WINDOWS_GPU = (2, 10)
 
 @dataclass(frozen=True)
 class Check:
+    """One check's finding: `verdict` is OK, WARN, FAIL or INFO; `fix` what to do ("" for none)."""
+
     name: str
     verdict: str
     detail: str
     fix: str = ""
-
-    def render(self) -> str:
-        line = f"[{self.verdict:>4}] {self.name}: {self.detail}"
-        return line + (f"\n       fix: {self.fix}" if self.fix else "")
 
 
 @dataclass(frozen=True)
@@ -561,32 +559,3 @@ Python, built for these cards), then what steers CUDA once all that is there (CU
 allocator's), and last what TensorFlow itself lists. A CPU-only TensorFlow on a machine without a GPU
 is not the first thing to fix."""
 
-
-def summary(checks: list[Check]) -> str:
-    """One closing sentence: why TensorFlow has no GPU here, or that all is well."""
-    failed = [c for c in checks if c.verdict == FAIL]
-    if not failed:
-        return "Nothing stops TensorFlow from using the GPUs above."
-    reasons = "; ".join(f"{c.name}: {c.detail}" for c in failed)
-    return f"TensorFlow has no GPU here because: {reasons}. Fix the first one first."
-
-
-SELFTEST_HINT = ("`%tfgpu selftest` (in a terminal: `python -m tfgpu_magic selftest`) proves, in fresh "
-                 "processes, that each setting of the policy takes effect here.")
-
-
-def report_text(checks: list[Check]) -> str:
-    """The checks, one block each, then the closing sentence and where to prove the policy: the
-    doctor's plain-text form."""
-    return "\n".join([c.render() for c in checks] + ["", f"{summary(checks)} {SELFTEST_HINT}"])
-
-
-def report_json(checks: list[Check]) -> str:
-    """The checks as data: a JSON list of {check, verdict, detail, fix} (`%tfgpu doctor --json`)."""
-    return json.dumps([{"check": c.name, "verdict": c.verdict, "detail": c.detail, "fix": c.fix} for c in checks],
-                      indent=2, ensure_ascii=False)
-
-
-def report(machine: Machine) -> str:
-    """The doctor's text for `machine` (`actions.doctor` gives it as a result for notebooks too)."""
-    return report_text(run_checks(machine))

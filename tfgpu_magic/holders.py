@@ -4,8 +4,8 @@ Three sources, each read without touching the processes: NVML (who holds memory 
 /proc (owner, the kernel's connection file, whether TensorFlow is mapped: `gpus.processes`), and
 the sessions of this user's own Jupyter servers (notebook path, last activity:
 `jupyter.sessions`). Other users' processes show their user and memory only. Nothing is ever
-shut down by itself; `shutdown` asks the owning server, only when told `yes`. The rows are shown
-by `views.who`.
+shut down by itself; `shutdown` asks the owning server, only when told `yes`. The rows (`Holder`)
+and what `shutdown` did (`ShutDown`) are worded by `views.who`.
 (Not named `who.py`: importing a submodule `tfgpu_magic.who` would replace the function
 `tfgpu_magic.who` with the module.)
 """
@@ -15,19 +15,50 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import PolicyError, short_error
 from .gpus.inventory import MIB, Inventory
 
-def who(inventory: Inventory | None = None, runtime_dir: Path | None = None) -> list[dict[str, Any]]:
-    """One plain dict per process that is a Jupyter kernel of this user or holds GPU memory.
 
-    Keys: `pid`, `user`, `kernel_id`, `notebook`, `tensorflow` (None: not readable, another user's),
-    `gpu_memory` ({GPU index: bytes, None where NVML cannot tell}; {} without NVML), `idle_seconds`,
-    `this`; and `state` (the server's execution state), `placed` (why `visible auto` gave it its GPUs),
-    `mine` (this user's), `is_kernel` (this user's and started with a connection file).
-    """
+class Holder(NamedTuple):
+    """One process that is a Jupyter kernel of this user or holds GPU memory; `as_dict()` is the
+    public form (`tfgpu_magic.who()`). Another user's process shows its user and memory only."""
+
+    pid: int
+    user: str | None
+    kernel_id: str | None
+    notebook: str | None
+    tensorflow: bool | None
+    """TensorFlow's library mapped; None: not readable (another user's)."""
+    gpu_memory: dict[int, int | None]
+    """GPU index → bytes (None where NVML cannot tell); {} without NVML."""
+    idle_seconds: float | None
+    this: bool
+    """The process asking."""
+    state: str | None
+    """The server's execution state (`idle`, `busy`)."""
+    placed: str | None
+    """Why `visible auto` gave it its GPUs."""
+    mine: bool
+    """This user's."""
+    is_kernel: bool
+    """This user's and started with a connection file."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The public form: a plain dict with its own copy of `gpu_memory`."""
+        return {**self._asdict(), "gpu_memory": dict(self.gpu_memory)}
+
+
+class ShutDown(NamedTuple):
+    """What `shutdown` did: kernel `kernel_id`, of notebook `notebook` (None: unknown), is shut down."""
+
+    kernel_id: str
+    notebook: str | None
+
+
+def who(inventory: Inventory | None = None, runtime_dir: Path | None = None) -> list[Holder]:
+    """One row per process that is a Jupyter kernel of this user or holds GPU memory, by pid."""
     from .gpus import inventory as gpu_inventory
     from .gpus import processes, reservations
     from .jupyter import persist, sessions
@@ -46,30 +77,30 @@ def who(inventory: Inventory | None = None, runtime_dir: Path | None = None) -> 
     known = sessions.kernel_sessions(directory) if mine else {}
     placed = {r.kernel_pid: r.why for r in reservations.current(directory) if r.kernel_pid is not None}
     me = os.getuid() if hasattr(os, "getuid") else None
-    rows = []
+    rows: list[Holder] = []
     for pid in sorted(set(memory) | set(mine)):
         info = mine.get(pid) or processes.describe(pid)
         own = info.uid is not None and info.uid == me
         kernel_id = info.kernel_id if own else None
         session = known.get(kernel_id) if kernel_id else None
-        rows.append({
-            "pid": pid,
-            "user": info.user,
-            "kernel_id": kernel_id,
-            "notebook": session.notebook if session else None,
-            "tensorflow": info.tensorflow if own else None,
-            "gpu_memory": memory.get(pid, {}),
-            "idle_seconds": session.idle_seconds() if session else None,
-            "this": pid == os.getpid(),
-            "state": session.execution_state if session else None,
-            "placed": placed.get(pid) if own else None,
-            "mine": own,
-            "is_kernel": own and info.is_kernel,
-        })
+        rows.append(Holder(
+            pid=pid,
+            user=info.user,
+            kernel_id=kernel_id,
+            notebook=session.notebook if session else None,
+            tensorflow=info.tensorflow if own else None,
+            gpu_memory=memory.get(pid, {}),
+            idle_seconds=session.idle_seconds() if session else None,
+            this=pid == os.getpid(),
+            state=session.execution_state if session else None,
+            placed=placed.get(pid) if own else None,
+            mine=own,
+            is_kernel=own and info.is_kernel,
+        ))
     return rows
 
 
-def shutdown(kernel_id: str, yes: bool = False, runtime_dir: Path | None = None) -> str:
+def shutdown(kernel_id: str, yes: bool = False, runtime_dir: Path | None = None) -> ShutDown:
     """Ask the Jupyter server that owns `kernel_id` (one of this user's proven servers) to shut it
     down. Refused without `yes`, and for the calling kernel itself."""
     from .jupyter import sessions
@@ -85,7 +116,7 @@ def shutdown(kernel_id: str, yes: bool = False, runtime_dir: Path | None = None)
         session.server.request("DELETE", f"api/kernels/{kernel_id}")
     except (OSError, ValueError) as err:
         raise PolicyError(f"the server refused to shut down kernel {kernel_id}: {short_error(err)}") from None
-    return f"Shut down kernel {kernel_id}" + (f" ({session.notebook})" if session.notebook else "") + "."
+    return ShutDown(kernel_id, session.notebook)
 
 
 def _own_kernel_id() -> str | None:

@@ -39,13 +39,17 @@ RESTART_TITLE = "Pending, needs a restart"
 """The title of the group of changes only a restart can make, in `Controller.pending()`."""
 
 
+Word = Callable[[Any], str]
+"""Words one of `StateSource.pending()`'s changes (the views give it: this room renders nothing)."""
+
+
 class StateSource(Protocol):
     """What is published: the controller's public surface."""
 
     policy: Policy
 
     def state(self) -> RuntimeState: ...
-    def pending(self, state: RuntimeState | None = None) -> list[tuple[str, list[str]]]: ...
+    def pending(self, state: RuntimeState | None = None) -> list[tuple[str, list[Any]]]: ...
     def subscribe(self, listener: Callable[[Any], None]) -> None: ...
     def unsubscribe(self, listener: Callable[[Any], None]) -> None: ...
 
@@ -71,8 +75,8 @@ def tensorflow_state(state: RuntimeState) -> str:
     return TENSORFLOW_STATES[2 if state.initialized else 1 if state.imported else 0]
 
 
-def snapshot(source: StateSource, kernel_id: str, initialized_by: str | None) -> dict[str, Any]:
-    """The record for `source` now (without the time it was written)."""
+def snapshot(source: StateSource, kernel_id: str, initialized_by: str | None, word: Word) -> dict[str, Any]:
+    """The record for `source` now (without the time it was written); `word` words each pending change."""
     from ..language.directives import describe_policy
 
     state = source.state()
@@ -85,15 +89,16 @@ def snapshot(source: StateSource, kernel_id: str, initialized_by: str | None) ->
         "tensorflow": tensorflow_state(state),
         "tensorflow_label": state.label,
         "initialized_by": initialized_by if state.initialized else None,
-        "pending": [{"title": title, "items": list(items)} for title, items in source.pending(state)],
+        "pending": [{"title": title, "items": [word(item) for item in items]} for title, items in source.pending(state)],
     }
 
 
 class Publisher:
     """Writes `source`'s state for kernel `kernel_id` to `path` whenever `changed()` finds it different."""
 
-    def __init__(self, source: StateSource, kernel_id: str, path: Path) -> None:
+    def __init__(self, source: StateSource, kernel_id: str, path: Path, word: Word) -> None:
         self.source = source
+        self.word = word
         self.kernel_id = kernel_id
         self.path = path
         self.last: dict[str, Any] | None = None
@@ -103,7 +108,7 @@ class Publisher:
     def changed(self, *_: Any) -> bool:
         """Write the state if it differs from the last write; True when it wrote. A controller
         listener (called with the controller), hence the ignored arguments."""
-        record = snapshot(self.source, self.kernel_id, _initialized_by)
+        record = snapshot(self.source, self.kernel_id, _initialized_by, self.word)
         if record == self.last:
             return False
         from .. import safefile
@@ -138,7 +143,7 @@ _initialized_by: str | None = None
 """`tf.initcell`'s record, handed over by `changed(initialized_by=...)` when it is made."""
 
 
-def start_publishing(shell: Any, source: StateSource, directory: Path | None = None) -> Publisher | None:
+def start_publishing(shell: Any, source: StateSource, directory: Path | None = None, *, word: Word) -> Publisher | None:
     """Publish `source`'s state for this kernel from now on (in `directory`, by default its connection
     file's): written now, on every policy change, and on `changed()`; removed at exit. None (nothing
     done) outside a kernel a Jupyter server started. Idempotent for the same source; a new source
@@ -156,7 +161,7 @@ def start_publishing(shell: Any, source: StateSource, directory: Path | None = N
 
     from ..tf import events
 
-    publisher = Publisher(source, kernel_id, state_path(kernel_id, directory or connection.parent))
+    publisher = Publisher(source, kernel_id, state_path(kernel_id, directory or connection.parent), word)
     source.subscribe(publisher.changed)
     events.subscribe(changed)  # TensorFlow imported or initialized (`tf.initcell` records only after this)
     atexit.register(publisher.stop)

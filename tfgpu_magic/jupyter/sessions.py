@@ -1,9 +1,9 @@
 """What this user's Jupyter servers know about their kernels: notebook path, last activity, state.
 
-Only servers that prove themselves locally are asked (the same proof as `restart.find_server`, less
+Only servers that prove themselves locally are asked (the same proof as `server.find_server`, less
 the ancestry, since `who` asks about every kernel of this user, not only its own): the
 `jpserver-<pid>.json` is private to this user, its pid is alive, is this user's, and itself holds the
-socket listening on the address and port the request goes to; the request goes over loopback through `restart.Server`
+socket listening on the address and port the request goes to; the request goes over loopback through `server.Server`
 (no proxy, no redirect, the token never printed). A server that fails any step gets nothing.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..gpus.processes import alive, uid_of
-from .restart import Server, server_files, server_url
+from .server import Server, server_files, server_url
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,10 @@ and, for an edit, the status phrases of its part of a policy.
 
 Parsing (`grammar`), dispatch (`views.commands`), `%tfgpu?` (`views.magics`), Tab completion
 (`views.completion`), the status and the README's grammar block all read this table, and each entry
-carries what its directive does (`parse`, `apply`, `run`). A new edit that sets one policy field
-from a closed set of words is one entry here (plus the field); another edit is its entry plus its
-parser and applier, registered on the entry with `grammar.edit_directive(name, parser)`; an action is its
-entry plus its function, registered with `views.actions.runs(name)`. Nothing else names it.
+carries what its directive does (`parse`, `run`). A new edit that sets one policy field from a
+closed set of words is one entry here (plus the field); another edit is its entry plus its parser
+(words → the policy fields it sets), registered on the entry with `@grammar.parses(name)`; an action
+is its entry plus its function, registered with `views.actions.runs(name)`. Nothing else names it.
 It holds data and small functions only, in plain classes (docs/architecture.md, "Rows", says why
 not dataclasses).
 """
@@ -89,14 +89,14 @@ class Directive:
     What it does is on the entry too, put there by the room that owns the effect when that room
     is imported (`grammar` on the first `%tfgpu`, `views.actions` with the dispatcher), so that this
     module stays a cheap import:
-    parse: words → arguments (an edit's `Edit.args`; an action's one argument); None for an edit
-    that sets one field from `values`, or an action whose argument is one of `choices`.
-    apply: for an edit, (policy, arguments, catalog) → policy; None for a field edit.
+    parse: words → an edit's `Edit.changes` (the policy fields it sets, in the policy's own form;
+    `grammar.apply_edit` applies every edit alike) or an action's one argument; None for an edit that
+    sets one field from `values`, or an action whose argument is one of `choices`.
     run: for an action, `(controller, shell, arg, **options)` → what to show (`views.actions`).
     """
 
     __slots__ = ("name", "kind", "forms", "synopsis", "arity", "choices", "field", "values", "options", "slots",
-                 "examples", "describe", "details", "reports", "parse", "apply", "run")
+                 "examples", "describe", "details", "reports", "parse", "run")
 
     def __init__(
         self,
@@ -121,7 +121,6 @@ class Directive:
         self.field, self.values, self.options, self.examples = field, values, options, examples
         self.details, self.reports = details, reports
         self.parse = parse
-        self.apply: Callable[..., Any] | None = None
         self.run: Callable[..., Any] | None = None
         self.choices = choices or tuple(word for word, _ in values)
         self.synopsis = synopsis or " | ".join(self.choices)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import shlex
-from types import MappingProxyType
 from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
 
 from ..errors import PolicyError
@@ -68,14 +67,16 @@ class GpuCatalog(Protocol):
 
 
 class Edit(NamedTuple):
-    """A change to the policy, as data: the directive, its parsed arguments, and where it was written.
+    """A change to the policy in the policy's own terms: the fields it sets, each with its value as
+    `Policy` holds it (`limit 2GB` → `(("limits", (("all", 2048),)),)`), and where it was written.
 
-    GPU references are already resolved and `visible auto` already picked at parse time; only what
-    depends on the policy it is applied to (`limit NN%` on every visible card) waits for
-    `apply_edit`."""
+    GPU references are already resolved and `visible auto` already picked at parse time. Per-GPU
+    fields given for some GPUs (`limit 1GB 0`, `split off 1`) are merged into the policy's entries
+    when applied, None removing one; only what depends on the policy it is applied to waits for
+    `apply_edit`: `limit NN%` on every visible card holds a `Percent` under `all`."""
 
     name: str
-    args: Mapping[str, Any] = MappingProxyType({})
+    changes: tuple[tuple[str, Any], ...] = ()
     line: int = 0
     """Line number in a `%%tfgpu` cell (0 for a line magic), named in errors."""
 
@@ -188,7 +189,7 @@ def parse_words(words: Sequence[str], catalog: GpuCatalog | None = None) -> Pars
         return _action(spec, args)
     if spec.parse is None:  # a field edit: one word of a closed set sets one field
         _expect_spec(spec, args)
-        return Edit(spec.name, {"value": spec.value(_choice(spec, args[0]))})
+        return Edit(spec.name, ((spec.field or "", spec.value(_choice(spec, args[0]))),))
     return Edit(spec.name, spec.parse(args, catalog))
 
 
@@ -198,16 +199,58 @@ def default_edit(name: str) -> Edit:
     spec = directives.spec(name)
     if spec.kind != "edit" or spec.field is None:
         raise PolicyError(f"`{name}` sets no single policy field")
-    return Edit(spec.name, {"value": None})
+    return Edit(spec.name, ((spec.field, None),))
 
 
 def apply_edit(policy: Policy, edit: Edit, catalog: GpuCatalog | None = None) -> Policy:
     """The policy `edit` makes of `policy`, not validated: the steps of a `%%tfgpu` cell may
-    contradict each other on the way, only the cell's result is validated."""
-    spec = directives.spec(edit.name)
-    if spec.apply is None:
-        return policy.edited(**{spec.field or "": edit.args["value"]})
-    return spec.apply(policy, edit.args, catalog)
+    contradict each other on the way, only the cell's result is validated. Each field the edit names
+    takes its value; per-GPU entries merge (see `Edit`), and a note on how a field was chosen
+    (`sources`) replaces that field's note."""
+    changes = dict(edit.changes)
+    if "limits" in changes:
+        changes.update(_limits(policy, changes["limits"], changes.pop("limits_written", ()), catalog))
+    if changes.get("splits"):
+        changes["splits"] = _merged(policy.splits, changes["splits"], "split off: GPU {gpu} is not split")
+    if changes.get("sources"):
+        named = dict(changes["sources"])
+        changes["sources"] = (*(note for note in policy.sources if note[0] not in named),
+                              *((field, why) for field, why in named.items() if why is not None))
+    return policy.edited(**changes)
+
+
+def _limits(policy: Policy, given: Changes, written: Changes, catalog: GpuCatalog | None) -> dict[str, Any]:
+    """`limits` and `limits_written` after a `limit` edit: one for every GPU (`all`, a share of each
+    visible card's own total) or none replaces them all; per-GPU ones merge, and a card keeps how its
+    limit was written only until another limit or `limit off` changes it."""
+    every = dict(given).get(ALL_GPUS)
+    if isinstance(every, Percent):
+        given = tuple(_percent_of_unsplit(every, catalog, policy))
+        written = tuple((gpu, dict(written)[ALL_GPUS]) for gpu, _ in given)
+    if every is not None or not given:
+        return _with_limits(dict(given), dict(written))
+    hint = " (a limit on all GPUs stays; `limit off` removes it)" if ALL_GPUS in policy.limit_map else ""
+    limits = _merged(policy.limits, given, f"limit off: GPU {{gpu}} has no limit of its own{hint}")
+    kept = {gpu: text for gpu, text in policy.limits_written if gpu not in dict(given)}
+    return _with_limits(dict(limits), {**kept, **dict(written)})
+
+
+def _with_limits(limits: Mapping[str, int], written: Mapping[str, str]) -> dict[str, Any]:
+    """These limits, and how those given as a share of the card were written, as policy fields."""
+    return {"limits": sort_gpu_items(limits.items()),
+            "limits_written": sort_gpu_items((gpu, text) for gpu, text in written.items() if gpu in limits)}
+
+
+def _merged(entries: Changes, given: Changes, missing: str) -> tuple:
+    """Per-GPU `entries` with `given` merged in, None removing a GPU's entry (`missing`, formatted
+    with the GPU, is the error when it has none)."""
+    merged = dict(entries)
+    for gpu, value in given:
+        if value is not None:
+            merged[gpu] = value
+        elif merged.pop(gpu, None) is None:
+            raise PolicyError(missing.format(gpu=gpu))
+    return sort_gpu_items(merged.items())
 
 
 def _expect_spec(spec: directives.Directive, args: list[str]) -> None:
@@ -232,83 +275,47 @@ def _action(spec: directives.Directive, args: list[str]) -> Action:
     return Action(spec.name)
 
 
-# ----- edits: a parser (words → arguments) and an applier (policy, arguments → policy) each ---------
-Args = dict[str, Any]
-Parser = Callable[[list[str], GpuCatalog | None], Args]
-Applier = Callable[[Policy, Mapping[str, Any], GpuCatalog | None], Policy]
+# ----- edits: a parser each (words → the policy fields it sets) ------------------------------------
+Changes = tuple[tuple[str, Any], ...]
+Parser = Callable[[list[str], GpuCatalog | None], Changes]
 
 
-def edit_directive(name: str, parser: Parser) -> Callable[[Applier], Applier]:
-    """Put `parser` and the decorated applier on edit `name`'s registry entry (an edit that is not a
-    field edit; tests/test_registry.py checks that every such edit has both)."""
+def parses(name: str) -> Callable[[Parser], Parser]:
+    """Put the decorated parser on edit `name`'s registry entry (an edit that is not a field edit;
+    tests/test_registry.py checks that every such edit has one)."""
 
-    def register(applier: Applier) -> Applier:
-        entry = directives.spec(name)
-        entry.parse, entry.apply = parser, applier
-        return applier
+    def register(parser: Parser) -> Parser:
+        directives.spec(name).parse = parser
+        return parser
 
     return register
 
 
-def _parse_limit(args: list[str], catalog: GpuCatalog | None) -> Args:
+@parses("limit")
+def _parse_limit(args: list[str], catalog: GpuCatalog | None) -> Changes:
     _check_spaced_unit("limit", args)
     _expect_spec(directives.spec("limit"), args)
     gpus = parse_gpus(args[1], catalog) if len(args) == 2 else None
     if args[0].lower() == "off":
-        return {"off": True, "gpus": gpus}
+        return (("limits", tuple((gpu, None) for gpu in gpus or ())),)
     size = parse_size(args[0])
-    written = f"{size:g}%" if _is_percent(size) else None
-    if gpus is None and written:  # every visible card, each by its own total, when applied
-        return {"percent": float(size), "written": written}
-    if gpus is None:
-        return {"mib": int(size)}
-    return {"entries": tuple(_per_gpu_mib(size, catalog, gpus)), **({"written": written} if written else {})}
+    written = (("limits_written", tuple((gpu, f"{size:g}%") for gpu in gpus or (ALL_GPUS,))),) \
+        if _is_percent(size) else ()
+    if gpus is None:  # a share: every visible card, each by its own total, when applied
+        return (("limits", ((ALL_GPUS, size if _is_percent(size) else int(size)),)), *written)
+    return (("limits", tuple(_per_gpu_mib(size, catalog, gpus))), *written)
 
 
-@edit_directive("limit", _parse_limit)
-def _apply_limit(policy: Policy, args: Mapping[str, Any], catalog: GpuCatalog | None) -> Policy:
-    if args.get("off"):
-        return _limit_off(policy, args["gpus"])
-    if "percent" in args:
-        entries = _percent_of_unsplit(Percent(args["percent"]), catalog, policy)
-        return _with_limits(policy, dict(entries), {gpu: args["written"] for gpu, _ in entries})
-    if "mib" in args:
-        return _with_limits(policy, {ALL_GPUS: args["mib"]}, {})
-    entries = dict(args["entries"])
-    written = {gpu: text for gpu, text in policy.limits_written if gpu not in entries}
-    if "written" in args:
-        written.update((gpu, args["written"]) for gpu in entries)
-    return _with_limits(policy, {**policy.limit_map, **entries}, written)
-
-
-def _with_limits(policy: Policy, limits: Mapping[str, int], written: Mapping[str, str]) -> Policy:
-    """`policy` with these limits, and how those given as a share of the card were written."""
-    return policy.edited(limits=sort_gpu_items(limits.items()),
-                         limits_written=sort_gpu_items((gpu, text) for gpu, text in written.items() if gpu in limits))
-
-
-def _limit_off(policy: Policy, gpus: tuple[str, ...] | None) -> Policy:
-    if gpus is None:
-        return _with_limits(policy, {}, {})
-    limits = policy.limit_map
-    for gpu in gpus:
-        if gpu not in limits:
-            hint = " (a limit on all GPUs stays; `limit off` removes it)" if ALL_GPUS in limits else ""
-            raise PolicyError(f"limit off: GPU {gpu} has no limit of its own{hint}")
-        del limits[gpu]
-    return _with_limits(policy, limits, dict(policy.limits_written))
-
-
-def _parse_visible(args: list[str], catalog: GpuCatalog | None) -> Args:
+@parses("visible")
+def _parse_visible(args: list[str], catalog: GpuCatalog | None) -> Changes:
     _expect_spec(directives.spec("visible"), args)
     word = args[0].lower()
     if word == "all":
-        return {"gpus": None}
+        return _visible(None)
     if word == "none":
-        return {"gpus": ()}
+        return _visible(())
     if word == "auto" or word.startswith("auto:"):
-        gpus, why = _auto_pick(word, catalog)
-        return {"gpus": gpus, "why": why}
+        return _visible(*_auto_pick(word, catalog))
     gpus = parse_gpus(args[0], catalog)
     migs = [gpu for gpu in gpus if catalog.is_mig(gpu)] if catalog is not None else []
     if len(migs) > 1:
@@ -316,14 +323,12 @@ def _parse_visible(args: list[str], catalog: GpuCatalog | None) -> Args:
             f"visible: {len(migs)} MIG instances given, but CUDA uses only one MIG instance per process; "
             "pick one (or run one kernel per instance)"
         )
-    return {"gpus": gpus}
+    return _visible(gpus)
 
 
-@edit_directive("visible", _parse_visible)
-def _apply_visible(policy: Policy, args: Mapping[str, Any], catalog: GpuCatalog | None) -> Policy:
-    why = args.get("why")
-    others = tuple(source for source in policy.sources if source[0] != "visible")
-    return policy.edited(visible=args["gpus"], sources=others + ((("visible", why),) if why else ()))
+def _visible(gpus: tuple[str, ...] | None, why: str | None = None) -> Changes:
+    """`visible`, and its note in `Policy.sources` (None: no note any more)."""
+    return (("visible", gpus), ("sources", (("visible", why),)))
 
 
 def _auto_pick(word: str, catalog: GpuCatalog | None) -> tuple[tuple[str, ...], str]:
@@ -339,53 +344,35 @@ def _auto_pick(word: str, catalog: GpuCatalog | None) -> tuple[tuple[str, ...], 
     return tuple(g.uuid for g in picked), why
 
 
-def _parse_split(args: list[str], catalog: GpuCatalog | None) -> Args:
+@parses("split")
+def _parse_split(args: list[str], catalog: GpuCatalog | None) -> Changes:
     _check_spaced_unit("split", args)
     _expect_spec(directives.spec("split"), args)
     target = args[0].lower()
     if target == "off":
         if len(args) == 1:
-            return {"off": None}
+            return (("splits", ()), ("cpu_devices", None))
         which = args[1]
-        return {"off": "cpu" if which.lower() == "cpu" else parse_gpu(which, catalog)}
+        return (("cpu_devices", None),) if which.lower() == "cpu" else (("splits", ((parse_gpu(which, catalog), None),)),)
     if len(args) != 2:
         if target == "cpu":
             raise PolicyError("split cpu: missing COUNT, e.g. `split cpu 2`")
         gpu = parse_gpu(args[0], catalog)
         raise PolicyError(f"split {gpu}: missing the parts, e.g. `split {gpu} 2x2GB`")
     if target == "cpu":
-        return {"cpu": parse_count(args[1], "split cpu")}
+        return (("cpu_devices", parse_count(args[1], "split cpu")),)
     gpu = parse_gpu(args[0], catalog)
-    return {"gpu": gpu, "sizes": parse_parts(args[1], gpu, catalog)}
+    return (("splits", ((gpu, parse_parts(args[1], gpu, catalog)),)),)
 
 
-@edit_directive("split", _parse_split)
-def _apply_split(policy: Policy, args: Mapping[str, Any], catalog: GpuCatalog | None) -> Policy:
-    if "cpu" in args:
-        return policy.edited(cpu_devices=args["cpu"])
-    if "gpu" in args:
-        return policy.edited(splits=sort_gpu_items({**policy.split_map, args["gpu"]: args["sizes"]}.items()))
-    which = args["off"]
-    if which is None:
-        return policy.edited(splits=(), cpu_devices=None)
-    if which == "cpu":
-        return policy.edited(cpu_devices=None)
-    splits = policy.split_map
-    if splits.pop(which, None) is None:
-        raise PolicyError(f"split off: GPU {which} is not split")
-    return policy.edited(splits=sort_gpu_items(splits.items()))
+_EVERY_DEFAULT: Changes = tuple(vars(Policy()).items())
+"""Every policy field at TensorFlow's default (and no notes): what `reset` sets."""
 
 
-def _parse_reset(args: list[str], catalog: GpuCatalog | None) -> Args:
+@parses("reset")
+def _parse_reset(args: list[str], catalog: GpuCatalog | None) -> Changes:
     _expect_spec(directives.spec("reset"), args)
-    return {}
-
-
-@edit_directive("reset", _parse_reset)
-def _apply_reset(policy: Policy, args: Mapping[str, Any], catalog: GpuCatalog | None) -> Policy:
-    return Policy()
-
-
+    return _EVERY_DEFAULT
 
 
 # ----- values -----------------------------------------------------------------------------------

@@ -74,10 +74,11 @@ tf = __import__("tensorflow")  # run by the child only; no line of the package i
 tf.constant(1) + 1
 import tfgpu_magic
 from tfgpu_magic import get_controller
+from tfgpu_magic.views.status import change_text
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     applied = tfgpu_magic.configure(*POLICY)
-report(initialized=get_controller().state().initialized, ok=applied.ok, locked=applied.locked,
+report(initialized=get_controller().state().initialized, ok=applied.ok, locked=[change_text(c) for c in applied.locked],
        warnings=[str(warning.message) for warning in caught], cpus=len(tf.config.list_logical_devices("CPU")))
 """
 

@@ -2,7 +2,8 @@
 and the OOM explanation. Nothing of it exists before the import, so cells before it pay nothing.
 
 Called by the controller's import-hook callback, and by `Controller.apply` when it finds TensorFlow
-imported already (both idempotent); outside IPython it does nothing.
+imported already (both idempotent); outside IPython it does nothing. The OOM hook speaks in the words
+the views gave `oom.settings` (`views.hookup`), since this room renders nothing.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import json
 import shlex
 
 from ..errors import PolicyError
+from .apply import limit_table
 from .envvars import TF_FORCE_GPU_ALLOW_GROWTH
 from .plan import Plan, build_plan
 from ..language.policy import Policy
@@ -42,14 +43,15 @@ def to_python(plan: Plan) -> str:
             "import absl.logging",
             f"absl.logging.set_verbosity({plan.loglevel!r})",
         ]
-    if plan.gpu_configs or plan.growth is not None:
+    sized = bool(plan.limits or plan.splits)
+    if sized or plan.growth is not None:
         lines.append('gpus = tf.config.list_physical_devices("GPU")')
-    if plan.gpu_configs:
-        own = {index: list(sizes) for index, sizes in plan.gpu_configs if index is not None}
-        default = plan.default_config
+    if sized:
+        own, every = limit_table(plan)
+        table = {index: list(sizes) for index, sizes in own.items()}
         lines += [
-            f"memory_limits = {own!r}  # TensorFlow GPU index -> MiB of each logical GPU",
-            f"default_limits = {list(default) if default else None!r}  # for every other GPU",
+            f"memory_limits = {table!r}  # TensorFlow GPU index -> MiB of each logical GPU",
+            f"default_limits = {list(every) if every else None!r}  # for every other GPU",
             "for index, gpu in enumerate(gpus):",
             "    limits = memory_limits.get(index, default_limits)",
             "    if limits:",
@@ -81,7 +83,7 @@ def to_env(plan: Plan) -> str:
     lines = [HEADER.replace("run it", "source it"), *_note_comments(plan)]
     for name, value in env.items():
         lines.append(f"export {name}={shlex.quote(value)}" if value is not None else f"unset {name}")
-    if plan.gpu_configs or plan.cpu_devices is not None:
+    if plan.limits or plan.splits or plan.cpu_devices is not None:
         lines.append(
             "# memory limits and logical devices have no environment variable: use `%tfgpu export python`"
         )

@@ -10,7 +10,6 @@ fill with a fake (tests/fake_memory.py); the cards' figures come from the NVML i
 
 from __future__ import annotations
 
-import re
 import sys
 from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Protocol, Sequence
 
@@ -19,6 +18,7 @@ from ..gpus.inventory import Gpu, Inventory, self_mib
 from ..language.policy import ALL_GPUS
 from ..language.sizes import mib_text
 from .envvars import CUDA_VISIBLE_DEVICES, TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR
+from .apply import memory_limits
 from .plan import Plan
 from .configapi import ConfigAPI
 from .runtime import ASYNC_ALLOCATOR, RuntimeState, eager_flags
@@ -95,13 +95,6 @@ class TensorFlowMemory:
             self.tf.config.experimental.reset_memory_stats(device)
         except (ValueError, self.tf.errors.OpError):
             pass
-
-
-def oom_types() -> tuple[type[BaseException], ...]:
-    """TensorFlow's `ResourceExhaustedError`, once TensorFlow is imported (else nothing can raise it)."""
-    errors = getattr(sys.modules.get("tensorflow"), "errors", None)
-    found = getattr(errors, "ResourceExhaustedError", None)
-    return (found,) if isinstance(found, type) else ()
 
 
 # ----- the cap ------------------------------------------------------------------------------------
@@ -232,7 +225,7 @@ def cap_for(controller: MemorySource, card: VisibleGpu, state: RuntimeState, pla
     """The cap of `card`: TensorFlow's record once initialized, else what the plan would apply."""
     ref = card.gpu.ref if card.gpu is not None else None
     soft = (plan.env_map.get(TF_GPU_ALLOCATOR) or controller.environ.get(TF_GPU_ALLOCATOR)) == ASYNC_ALLOCATOR
-    wanted = plan.config_for(card.tf_index)
+    wanted = memory_limits(plan, card.tf_index)
     if not state.initialized:
         growth = _growth_wanted(controller, plan)
         if wanted is None:
@@ -341,50 +334,3 @@ def _tensor_stats(api: MemoryAPI, devices: list[str]) -> dict[str, tuple[int, in
         return {}
     return {device: api.info(device) for device in devices}
 
-
-# ----- what an OOM asked for --------------------------------------------------------------------------
-DTYPE_BYTES = {
-    "float": 4, "double": 8, "half": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
-    "int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8,
-    "bool": 1, "complex64": 8, "complex128": 16, "qint8": 1, "quint8": 1, "qint16": 2, "quint16": 2,
-    "qint32": 4,
-}
-"""Bytes per element of TensorFlow's type names as its OOM message writes them (`DataTypeString`)."""
-
-_OOM = re.compile(
-    r"OOM when allocating tensor with shape\[(?P<shape>[\d,\s]*)\] and type (?P<dtype>\w+)"
-    r"(?: on (?P<device>\S+))?(?: by allocator (?P<allocator>\S+))?"
-)
-
-
-class OomRequest(NamedTuple):
-    """What the failed allocation asked for, read from TensorFlow's message."""
-
-    shape: tuple[int, ...]
-    dtype: str
-    device: str | None
-    """`GPU:0` (TensorFlow's numbering)."""
-    allocator: str | None
-
-    @property
-    def bytes(self) -> int | None:
-        size = DTYPE_BYTES.get(self.dtype)
-        if size is None:
-            return None
-        count = 1
-        for dim in self.shape:
-            count *= dim
-        return count * size
-
-
-def parse_oom(message: str) -> OomRequest | None:
-    """The request in "OOM when allocating tensor with shape[...] and type ... on ... by allocator ...",
-    None when the message has no such part (other resources: e.g. a full `tf.data` buffer)."""
-    match = _OOM.search(message)
-    if match is None:
-        return None
-    shape = tuple(int(dim) for dim in match["shape"].replace(" ", "").split(",") if dim)
-    device = match["device"]
-    if device is not None:
-        device = device.rstrip(".,;:").rsplit("device:", 1)[-1]
-    return OomRequest(shape, match["dtype"], device, match["allocator"])

@@ -1,11 +1,12 @@
 """OOMs that explain themselves and let go.
 
 After a cell raised TensorFlow's `ResourceExhaustedError` for memory, IPython has already shown its
-traceback; a `post_run_cell` hook then prints a short `tfgpu:` explanation (what was asked for, where,
-the cap and its source, the peak, who else holds memory, what to do), and clears the frames of the
-failed cell's traceback, so that tensors only those frames held are freed before the next cell. The
-same error for a quota, a rate limit or a full queue, and any error whose text cannot be read, pass
-untouched: the hook never adds an error of its own.
+traceback; a `post_run_cell` hook then explains it (what was asked for, where, the cap in force, the
+peak, who else holds memory: `OomNote`), and clears the frames of the failed cell's traceback, so that
+tensors only those frames held are freed before the next cell. The hook finds; `views.oom` words what
+it found (`Outcome`) into the short `tfgpu:` lines on stderr, through `settings.words`, which the views
+fill (this room sits below them). The same error for a quota, a rate limit or a full queue, and any
+error whose text cannot be read, pass untouched: the hook never adds an error of its own.
 
 Why `post_run_cell` and not `set_custom_exc`: IPython shows the traceback itself, untouched (`%xmode`,
 `%pdb` — which debugs the intact frames before this hook runs —, the kernel's error reply); the
@@ -15,7 +16,7 @@ imports TensorFlow is caught too (the exception class does not exist before the 
 The same hook recognises cuDNN / cuBLAS start-up failures by their message (any exception type:
 TensorFlow raises them as UnknownError, InternalError, NotFoundError ...). They are usually memory
 contention, not a broken install (tensorflow#24828, #36025): the library could not allocate its
-workspace because another process, or this one's pool, holds the card; one `tfgpu:` line says so.
+workspace because another process, or this one's pool, holds the card; the views say so in one line.
 
 Why clearing frames is not enough: IPython keeps the exception (`sys.last_value`,
 `sys.last_traceback`, `shell.last_execution_result`, the formatter's `tb`), and on Python ≤ 3.12 a
@@ -32,12 +33,12 @@ import inspect
 import re
 import sys
 from types import FrameType
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from ..errors import error_text
-from ..language.sizes import bytes_text, mib_text
-from .memory import MemoryAPI, TensorFlowMemory, memory_rows, oom_types, parse_oom
-from .memory import MemorySource
+
+if TYPE_CHECKING:  # the figures load at the first OOM: the views fill `settings` when they hook up the controller
+    from .memory import GpuMemory, MemoryAPI, MemorySource
 
 RELEASE_DEFAULT = True
 """Default of the magics' config trait `TFGPUMagics.release_oom_frames` (`%config` can turn it off)."""
@@ -48,10 +49,13 @@ bookkeeping), so a request plus what is held above this share of the cap counts 
 
 
 class OomSettings:
-    """What the magics' config sets (one per process, like IPython's shell)."""
+    """What the views set, one per process like IPython's shell: `release` (the magics' config), and
+    `words`, which turns what the hook found into the text it prints (`views.oom`); without words the
+    hook prints nothing."""
 
-    def __init__(self, release: bool = RELEASE_DEFAULT) -> None:
+    def __init__(self, release: bool = RELEASE_DEFAULT, words: Callable[[Outcome], str] | None = None) -> None:
         self.release = release
+        self.words = words
 
 
 settings = OomSettings()
@@ -69,9 +73,6 @@ DNN_STARTUP_FAILURES = (
     "blas gemm launch failed",
 )
 """Lower-case fragments of TensorFlow's cuDNN / cuBLAS start-up errors that out-of-memory causes."""
-DNN_STARTUP_HINT = ("tfgpu: cuDNN/cuBLAS could not start, which usually means the GPU's memory is taken (another "
-                    "process, or this one's pool grabbed it all): `%tfgpu who` shows who holds it; `%tfgpu growth on` "
-                    "then `%tfgpu restart` lets TensorFlow take only what it needs.")
 
 
 def readable_text(error: BaseException) -> str | None:
@@ -101,6 +102,13 @@ def is_dnn_startup_failure(error: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
+
+
+def oom_types() -> tuple[type[BaseException], ...]:
+    """TensorFlow's `ResourceExhaustedError`, once TensorFlow is imported (else nothing can raise it)."""
+    errors = getattr(sys.modules.get("tensorflow"), "errors", None)
+    found = getattr(errors, "ResourceExhaustedError", None)
+    return (found,) if isinstance(found, type) else ()
 
 
 def is_oom(error: BaseException | None) -> bool:
@@ -149,54 +157,110 @@ def release_frames(error: BaseException) -> int:
     return cleared
 
 
-# ----- the explanation -----------------------------------------------------------------------------
+# ----- what an OOM asked for --------------------------------------------------------------------------
+DTYPE_BYTES = {
+    "float": 4, "double": 8, "half": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8,
+    "bool": 1, "complex64": 8, "complex128": 16, "qint8": 1, "quint8": 1, "qint16": 2, "quint16": 2,
+    "qint32": 4,
+}
+"""Bytes per element of TensorFlow's type names as its OOM message writes them (`DataTypeString`)."""
+
+OOM_REQUEST = (r"OOM when allocating tensor with shape\[(?P<shape>[\d,\s]*)\] and type (?P<dtype>\w+)"
+               r"(?: on (?P<device>\S+))?(?: by allocator (?P<allocator>\S+))?")
+"""The BFC allocator's message; compiled at the first OOM (`re`'s cache), not when this module loads."""
+
+
+class OomRequest(NamedTuple):
+    """What the failed allocation asked for, read from TensorFlow's message."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    device: str | None
+    """`GPU:0` (TensorFlow's numbering)."""
+    allocator: str | None
+
+    @property
+    def bytes(self) -> int | None:
+        size = DTYPE_BYTES.get(self.dtype)
+        if size is None:
+            return None
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count * size
+
+
+def parse_oom(message: str) -> OomRequest | None:
+    """The request in "OOM when allocating tensor with shape[...] and type ... on ... by allocator ...",
+    None when the message has no such part (other resources: e.g. a full `tf.data` buffer)."""
+    match = re.search(OOM_REQUEST, message)
+    if match is None:
+        return None
+    shape = tuple(int(dim) for dim in match["shape"].replace(" ", "").split(",") if dim)
+    device = match["device"]
+    if device is not None:
+        device = device.rstrip(".,;:").rsplit("device:", 1)[-1]
+    return OomRequest(shape, match["dtype"], device, match["allocator"])
+
+
+# ----- the explanation: data; `views.oom` words it ------------------------------------------------
+class OomNote(NamedTuple):
+    """What explains one OOM."""
+
+    request: OomRequest | None
+    """What the failed allocation asked for; None where the message names no tensor."""
+    row: GpuMemory | None
+    """The GPU it failed on, with its figures after the failure; None for the host or an unknown device."""
+    peak_from_cell: bool
+    """The peak was reset before the cell (`%tfgpu watch on`), else it is the process's peak so far."""
+    cap_is_cause: bool
+    """The request and what was held reach the card's cap (below the card's size): the cap ran out."""
+
+
 def explain(error: BaseException, controller: MemorySource, api: MemoryAPI | None = None,
-            peak_from_cell: bool = False) -> list[str]:
-    """The `tfgpu:` lines after an OOM's traceback. `peak_from_cell`: the peak was reset before the
-    cell (`%tfgpu watch on`), else it is the process's peak so far."""
+            peak_from_cell: bool = False) -> OomNote:
+    """What explains `error`: the request, the card it failed on and its figures, whether the cap
+    ran out."""
+    from .memory import memory_rows
+
     request = parse_oom(readable_text(error) or "")
     device = request.device if request else None
-    lines = []
-    if request is None:
-        lines.append("TensorFlow ran out of memory (ResourceExhaustedError); its message names no tensor size.")
-    else:
-        shape = ", ".join(str(dim) for dim in request.shape)
-        asked = bytes_text(request.bytes) if request.bytes is not None else f"? ({request.dtype}: size unknown)"
-        lines.append(f"TensorFlow ran out of memory on {device or 'an unnamed device'}: "
-                     f"it asked for {asked} (shape [{shape}], {request.dtype}).")
     rows = memory_rows(controller, api) if device is None or device.startswith("GPU") else []
     row = next((r for r in rows if device in r.logical_devices or device == r.tf_device), None)
     cap_is_cause = False
-    if device is not None and device.startswith("CPU"):
-        lines.append("That is host memory (RAM), not a GPU: GPU caps do not apply.")
-    elif row is not None:
-        holds = f"this process holds {mib_text(row.process_mib)} of the card's {mib_text(row.total_mib)}"
-        others = row.other_processes
-        who = ", ".join(f"pid {p.pid} {mib_text(p.mib)}" for p in others) if others else "none"
-        lines.append(f"Cap in force: {row.cap_text}; {holds}; other processes: {who}.")
-        if row.peak_bytes is not None:
-            since = "the cell's peak" if peak_from_cell else "peak so far (`%tfgpu watch on` resets it per cell)"
-            lines.append(f"Tensors now {bytes_text(row.tensors_bytes)}, {since} {bytes_text(row.peak_bytes)}.")
+    if row is not None:
         held = max(row.tensors_bytes or 0, (row.peak_bytes or 0) if peak_from_cell else 0)
         need = (request.bytes or 0) + held if request is not None else 0
         cap_is_cause = row.cap_mib is not None and need > row.cap_mib * 1024 * 1024 * CAP_MARGIN and (
             row.total_mib is None or row.cap_mib < row.total_mib)
-    steps = ["a smaller batch or tensor"]
-    if cap_is_cause:
-        steps.append("`%tfgpu limit off` (the cap is what ran out)")
-    if row is not None and not row.growth:
-        steps.append("`%tfgpu growth on`, so the pool grows only as needed")
-    if row is not None:
-        changed = cap_is_cause or not row.growth
-        steps.append(f"`%tfgpu restart` to {'apply that and ' if changed else ''}give TensorFlow's pool back to the card")
-    lines.append("Next: " + "; ".join(steps) + ".")
-    return [f"tfgpu: {line}" for line in lines]
+    return OomNote(request, row, peak_from_cell, cap_is_cause)
+
+
+class Released(NamedTuple):
+    """What releasing the failed cell's frames did: frames cleared, TensorFlow's tensor bytes before
+    and after (None while its runtime keeps no figures)."""
+
+    frames: int
+    before: int | None
+    after: int | None
+
+
+class Outcome(NamedTuple):
+    """What the hook found after a failed cell, for `settings.words`: a cuDNN / cuBLAS start-up
+    failure, or an OOM with its note (None where explaining it raised `failure`) and what was
+    released (None with the release turned off)."""
+
+    note: OomNote | None = None
+    failure: BaseException | None = None
+    released: Released | None = None
+    dnn_startup: bool = False
 
 
 class OomHook:
     """The `post_run_cell` callback: explain a cell's OOM, then release its frames (if `settings`);
-    after a cuDNN / cuBLAS start-up failure, the one hint line. `peak_from_cell` is true while
-    `%tfgpu watch on` resets the peak before each cell."""
+    or note a cuDNN / cuBLAS start-up failure; `settings.words` words either onto `out` (stderr).
+    `peak_from_cell` is true while `%tfgpu watch on` resets the peak before each cell."""
 
     def __init__(self, controller: MemorySource, api: MemoryAPI | None = None,
                  peak_from_cell: Callable[[], bool] = lambda: False, out: Any = None) -> None:
@@ -216,23 +280,27 @@ class OomHook:
             return
         if not is_oom(error):
             if is_dnn_startup_failure(error):
-                print(DNN_STARTUP_HINT, file=self.out or sys.stderr)
+                self._say(Outcome(dnn_startup=True))
             return
+        note, failure = None, None
         try:
-            lines = explain(error, self.controller, self.api, self.peak_from_cell())
-        except Exception as err:  # the explanation must never hide the user's own error
-            lines = [f"tfgpu: (no explanation: {type(err).__name__}: {err})"]
+            note = explain(error, self.controller, self.api, self.peak_from_cell())
+        except Exception as err:  # noqa: BLE001 (the explanation must never hide the user's own error)
+            failure = err
+        released = None
         if settings.release:
             before = self._tensors()
             count = release_frames(error)
-            after = self._tensors()
-            freed = f": tensors {bytes_text(before)} → {bytes_text(after)}" if before is not None else ""
-            lines.append(f"tfgpu: released what only the failed cell's frames held ({count} frames cleared{freed}); "
-                         f"`%debug` on this error sees cleared frames (`%config TFGPUMagics.{CONFIG_TRAIT} = False` "
-                         "keeps them).")
-        print("\n".join(lines), file=self.out or sys.stderr)
+            released = Released(count, before, self._tensors())
+        self._say(Outcome(note, failure, released))
+
+    def _say(self, outcome: Outcome) -> None:
+        if settings.words is not None:
+            print(settings.words(outcome), file=self.out or sys.stderr)
 
     def _tensors(self) -> int | None:
+        from .memory import TensorFlowMemory
+
         api = self.api or TensorFlowMemory()
         if not api.initialized():
             return None

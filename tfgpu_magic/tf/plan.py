@@ -22,14 +22,21 @@ once any virtual device exists; `GetAllowGrowthValue` in gpu_bfc_allocator.cc re
 
 
 class Plan(NamedTuple):
-    """The steps that realise a policy, GPUs numbered as TensorFlow will number them."""
+    """The steps that realise a policy: the policy's memory limits and splits as it holds them, with
+    where TensorFlow will number each GPU they name (`tf_indices`); `tf.apply` derives TensorFlow's
+    arguments from them at the call."""
 
     env: tuple[tuple[str, str | None], ...] = ()
     """Variables to set (None: make sure it is unset), before TensorFlow reads them."""
     growth: bool | None = None
     """`set_memory_growth(gpu, growth)` on every GPU without a logical configuration."""
-    gpu_configs: tuple[tuple[int | None, tuple[int, ...]], ...] = ()
-    """(TF GPU index, memory limits in MiB of its logical devices); index None: every other GPU."""
+    limits: tuple[tuple[str, int], ...] = ()
+    """The policy's memory limits as it holds them (`Policy.limits`, `all` included), less those on
+    GPUs TensorFlow's index is unknown for (`unresolved`); `tf.apply` turns them into TF's arguments."""
+    splits: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """The policy's splits as it holds them (`Policy.splits`), on the GPUs `tf_indices` places."""
+    tf_indices: tuple[tuple[str, int], ...] = ()
+    """TensorFlow's index of each GPU named in `limits` and `splits` (CUDA's order, renumbered from 0)."""
     cpu_devices: int | None = None
     """Logical CPU devices on the first physical CPU."""
     visible_gpus: tuple[int, ...] | None = None
@@ -49,19 +56,9 @@ class Plan(NamedTuple):
         return dict(self.env)
 
     @property
-    def default_config(self) -> tuple[int, ...] | None:
-        """Memory limits for every GPU without its own entry (from `limit SIZE` with no GPU list)."""
-        return dict(self.gpu_configs).get(None)
-
-    def config_for(self, index: int) -> tuple[int, ...] | None:
-        """Memory limits of TF GPU `index`'s logical devices, None to leave it alone."""
-        own = dict(self.gpu_configs)
-        return own[index] if index in own else self.default_config
-
-    @property
     def has_tf_steps(self) -> bool:
         """Whether anything goes through `tf.config` (else only the environment matters)."""
-        return bool(self.gpu_configs) or self.cpu_devices is not None or self.growth is not None \
+        return bool(self.limits or self.splits) or self.cpu_devices is not None or self.growth is not None \
             or self.visible_gpus is not None
 
 
@@ -135,25 +132,24 @@ def build_plan(
     if policy.allocator is not None:
         env[TF_GPU_ALLOCATOR] = ALLOCATORS[policy.allocator]
 
-    gpu_configs: list[tuple[int | None, tuple[int, ...]]] = []
-    for ref, sizes in [(gpu, (mib,)) for gpu, mib in policy.limits] + list(policy.splits):
-        if ref == ALL_GPUS:
-            gpu_configs.append((None, sizes))
-            continue
-        index = tf_index(ref, order, aliases)
-        if index is None:
+    placed: dict[str, int] = {}
+    for ref, _ in policy.limits + policy.splits:
+        index = None if ref == ALL_GPUS else tf_index(ref, order, aliases)
+        if index is not None:
+            placed[ref] = index
+        elif ref != ALL_GPUS:
             unresolved.append(ref)
-        else:
-            gpu_configs.append((index, sizes))
+    limits = tuple(entry for entry in policy.limits if entry[0] == ALL_GPUS or entry[0] in placed)
+    splits = tuple(entry for entry in policy.splits if entry[0] in placed)
 
     growth = policy.growth
-    has_virtual = bool(gpu_configs) or policy.cpu_devices is not None or logical_recorded
+    has_virtual = bool(limits or splits) or policy.cpu_devices is not None or logical_recorded
     pool = policy.allocator == "async"
     if policy.growth is True and has_virtual:
         env[TF_FORCE_GPU_ALLOW_GROWTH] = "true"
         growth = None
         if not pool:
-            notes.append(GROWTH_WITH_CAPS if gpu_configs else GROWTH_WITH_CPU_SPLIT)
+            notes.append(GROWTH_WITH_CAPS if limits or splits else GROWTH_WITH_CPU_SPLIT)
     elif policy.growth is not None:
         env[TF_FORCE_GPU_ALLOW_GROWTH] = None
     if pool:
@@ -173,7 +169,9 @@ def build_plan(
     return Plan(
         env=tuple(env.items()),
         growth=growth,
-        gpu_configs=tuple(gpu_configs),
+        limits=limits,
+        splits=splits,
+        tf_indices=tuple(placed.items()),
         cpu_devices=policy.cpu_devices,
         visible_gpus=visible_gpus,
         unresolved=tuple(unresolved),

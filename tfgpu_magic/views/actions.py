@@ -22,9 +22,8 @@ from ..controller import Controller
 from ..errors import PolicyError
 from ..jupyter import persist
 from ..language.directives import REGISTRY, lookup, spec
-from ..tf.apply import ApplyReport
 from .results import DoctorResult, Result, RestartOffer, SelftestResult, StatusResult
-from .status import describe_policy, describe_report, restart_hint, snapshot
+from .status import describe_policy, edit_report, pending_lines, snapshot
 
 Action = Callable[..., "str | Result"]
 
@@ -44,11 +43,6 @@ def runs(name: str) -> Callable[[Action], Action]:
 def status(controller: Controller, shell: Any = None, arg: str | None = None) -> StatusResult:
     """`%tfgpu` / `%tfgpu status`: TensorFlow's state, the policy, the environment, what TF recorded."""
     return StatusResult(snapshot(controller))
-
-
-def edit_report(report: ApplyReport, shell: Any = None, action: str = "edit") -> str:
-    """The lines an edit (`action` "edit"), `reset` or `apply` prints about its `ApplyReport`."""
-    return describe_report(report, restart_hint(shell), action)
 
 
 @runs("apply")
@@ -75,7 +69,7 @@ def restart(controller: Controller, shell: Any, arg: str | None = None, *, yes: 
     route = choose_route(shell)
     if route.kind == "none":
         return restart_now(controller, shell)  # says why nothing can restart here and what to do instead
-    pending = [f"  - {item}" for _, items in controller.pending() for item in items]
+    pending = [f"  - {item}" for _, items in pending_lines(controller) for item in items]
     lost = ["Restarting loses every variable of this kernel." + (" Changes it applies:" if pending else "")] + pending
     if not route.restarts:
         last = f"Nothing here can restart this kernel: run `%tfgpu restart --yes` to store the policy, then {TO_DO_FRONTEND}."
@@ -104,7 +98,8 @@ def doctor(controller: Controller, shell: Any = None, arg: str | None = None, *,
            json: bool = False) -> DoctorResult | str:
     """`%tfgpu doctor [--json]`: why TensorFlow does (not) see a GPU, check by check, with the fix;
     with `json`, the checks as a JSON list for scripts."""
-    from ..doctor import inspect_machine, report_json, run_checks
+    from ..doctor import inspect_machine, run_checks
+    from .doctor import report_json
 
     machine = inspect_machine(controller.environ, controller.inventory(), controller.policy, controller.api)
     checks = run_checks(machine)
@@ -222,13 +217,12 @@ def who(controller: Controller, shell: Any = None, arg: str | None = None, *,
         shutdown: str | None = None, yes: bool = False) -> str:
     """`%tfgpu who [--shutdown KERNEL_ID --yes]`: who holds which GPU; shuts a kernel down only with --yes."""
     from .. import holders
+    from .who import report, shutdown_text
 
     if shutdown is not None:
-        return holders.shutdown(shutdown, yes=yes)
+        return shutdown_text(holders.shutdown(shutdown, yes=yes))
     if yes:
         raise PolicyError("--yes confirms `--shutdown KERNEL_ID`; alone it does nothing")
-    from .who import report
-
     return report(controller.inventory())
 
 

@@ -1,5 +1,7 @@
 """From a `%tfgpu` line or `%%tfgpu` cell to its result: parse, check the options against the
-registry, run the edit or the action, show what it returns (imported on the first `%tfgpu`)."""
+registry, run the edit or the action, show what it returns (imported on the first `%tfgpu`).
+
+An edit goes straight to the controller and its report straight to the status view's words."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from ..language import directives
 from ..language.grammar import Action, Edit, parse_cell, parse_words, split_words, suggest
 from ..language.policy import quote
 from .results import show
+from .status import RECORDED, edit_report
 
 if TYPE_CHECKING:
     from ..controller import Controller
@@ -27,7 +30,7 @@ def run_cell(controller: Controller, shell: Any, line: str, cell: str) -> None:
     """`%%tfgpu`: every line an edit, all or nothing."""
     if line.strip():
         raise PolicyError("%%tfgpu takes its directives in the cell body, not on the first line")
-    show(once_per_cell(shell, actions.edit_report(controller.edit(parse_cell(cell, controller.catalog)), shell)))
+    say_edited(controller, shell, parse_cell(cell, controller.catalog))
 
 
 def run_line(controller: Controller, shell: Any, line: str) -> None:
@@ -39,8 +42,14 @@ def run_line(controller: Controller, shell: Any, line: str) -> None:
         keywords = {name.lstrip("-").replace("-", "_"): value for name, value in options.items()}
         show(actions.run(directive.name, controller, shell, directive.arg, **keywords))
     else:
-        said = directives.spec(directive.name).reports
-        show(once_per_cell(shell, actions.edit_report(controller.edit([directive]), shell, said)))
+        say_edited(controller, shell, [directive], directives.spec(directive.name).reports)
+
+
+def say_edited(controller: Controller, shell: Any, edits: list[Edit], action: str = "edit") -> None:
+    """Apply `edits` (all or nothing) and print what the edit did (`action` "edit" or "reset")."""
+    text = once_per_cell(shell, edit_report(controller.edit(edits), shell, action))
+    if text:
+        print(text)
 
 
 def once_per_cell(shell: Any, text: str) -> str:
@@ -48,8 +57,6 @@ def once_per_cell(shell: Any, text: str) -> str:
     three `%tfgpu` lines says it once). The running cell is IPython's `displayhook.exec_result`;
     outside a cell (`run_line_magic` from code) every message stays whole."""
     import weakref
-
-    from .status import RECORDED
 
     lines = text.split("\n")
     cell = getattr(getattr(shell, "displayhook", None), "exec_result", None)

@@ -61,9 +61,9 @@ class TFGPUMagics(Magics):
         """The process-wide controller (or the one given), created on first use."""
         if self._controller is None:
             from ..controller import get_controller
-            from .status import told
+            from .hookup import hook_up
 
-            self._controller = told(get_controller())
+            self._controller = hook_up(get_controller())
         return self._controller
 
     @property

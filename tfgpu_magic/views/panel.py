@@ -27,7 +27,8 @@ from ..language.words import ALLOCATORS
 from ..language.sizes import directive_size, gib_pair, mib_text
 from .confirm import whole_layout
 from .results import badge, state_label_html, text_html
-from .status import describe_report, told
+from .hookup import hook_up
+from .status import describe_report, pending_lines
 
 REFRESH_SECONDS = 2.0
 LOCKED_REASON = "TensorFlow is initialized: edits below are recorded and apply with Restart kernel and apply"
@@ -130,7 +131,7 @@ class Panel:
         import ipywidgets as w
 
         self.w = w
-        self.controller = controller or told(get_controller())
+        self.controller = controller or hook_up(get_controller())
         self.shell = shell
         self.restart = restart
         self._syncing = False
@@ -310,7 +311,7 @@ class Panel:
         if state.gpu_memory_fixed:
             reason = LOCKED_REASON if state.initialized else "GPU memory settings wait for Restart kernel and apply"
             lines.append(f"{badge('locked')} {reason}")
-        for title, items in self.controller.pending(state):
+        for title, items in pending_lines(self.controller, state):
             entries = "".join(f"<li>{text_html(item)}</li>" for item in items)
             lines.append(f"{text_html(title)}:<ul style='margin:2px 0'>{entries}</ul>")
         return "<br>".join(lines)

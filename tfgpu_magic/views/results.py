@@ -192,12 +192,13 @@ class DoctorResult(Result):
         self.checks = checks
 
     def text(self) -> str:
-        from ..doctor import report_text
+        from .doctor import report_text
 
         return report_text(list(self.checks))
 
     def html(self) -> str:
-        from ..doctor import FAIL, summary
+        from ..doctor import FAIL
+        from .doctor import summary
 
         lines = []
         for check in self.checks:
@@ -223,12 +224,12 @@ class SelftestResult(Result):
         self.seconds = seconds
 
     def text(self) -> str:
-        from ..selftest.report import text
+        from .selftest import text
 
         return text(list(self.rows), self.seconds)
 
     def html(self) -> str:
-        from ..selftest.report import header, summary
+        from .selftest import header, summary
 
         titles = ("", "rule", "policy", "expected", "measured", "why", "s")
         lines = ["<tr>" + "".join(f"<th style='{CELL}'>{title}</th>" for title in titles) + "</tr>"]

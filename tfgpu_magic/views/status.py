@@ -1,4 +1,5 @@
-"""Text views: the `%tfgpu` status and the message after an edit or apply (pure formatting).
+"""Text views: the `%tfgpu` status and the message after an edit or apply (pure formatting), and the
+words for what `tf.apply` returns as records (`Change`, `Refusal`, `Recorded`).
 
 The status reads the controller's public surface into a `StatusSnapshot`, and
 renders that; `views.results.StatusResult` renders the same snapshot as HTML.
@@ -16,8 +17,8 @@ from ..language.policy import is_index, quote, short_uuid
 from ..language.sizes import mib_count
 from ..tf.envvars import CUDA_VISIBLE_DEVICES, NAMES
 from ..tf import initcell
-from ..tf.apply import ApplyReport
-from ..tf.runtime import NO_GPU, NO_GPU_NOTE, RuntimeState, current_shell
+from ..tf.apply import ApplyReport, Change, Recorded, Refusal
+from ..tf.runtime import NO_GPU, NO_GPU_NOTE, LogicalSpec, RuntimeState, current_shell
 
 if TYPE_CHECKING:
     from ..controller import Controller  # only a hint: `%load_ext` imports this module, not the controller
@@ -53,10 +54,10 @@ def warn_import_failure(report: ApplyReport) -> None:
     print(describe_report(report, restart_hint(shell) if shell is not None else SCRIPT_RESTART_HINT), file=sys.stderr)
 
 
-def told(controller: Controller) -> Controller:
-    """`controller`, set to say on stderr what its import-time apply left undone (idempotent)."""
-    controller.on_import_failure = warn_import_failure
-    return controller
+def edit_report(report: ApplyReport, shell: Any = None, action: str = "edit") -> str:
+    """The lines an edit (`action` "edit"), `reset` or `apply` prints about its `ApplyReport`, with
+    the way to a restart that fits `shell`."""
+    return describe_report(report, restart_hint(shell), action)
 
 
 def describe_report(report: ApplyReport, restart_hint: str = RESTART_HINT, action: str = "edit") -> str:
@@ -64,7 +65,7 @@ def describe_report(report: ApplyReport, restart_hint: str = RESTART_HINT, actio
     how to get past it. An edit names what it changed: settings an earlier report named as waiting
     for a restart are one line, and a GPU setting TensorFlow has no GPU for says so."""
     lines = []
-    applied = list(report.applied)
+    applied = [item_text(item) for item in report.applied]
     locked = [item for item in report.locked if action != "edit" or item not in report.earlier]
     earlier = len(report.locked) - len(locked)
     if action == "reset":
@@ -73,7 +74,7 @@ def describe_report(report: ApplyReport, restart_hint: str = RESTART_HINT, actio
         lines.append("Policy cleared." if report.locked else "Policy cleared: TensorFlow's defaults from now on.")
         if restored:
             lines.append("Restored what this tool had set: " + ", ".join(restored))
-        elif not any(_is_variable(item.partition(":")[0]) for item in report.locked):  # `NAME: old → new (...)`
+        elif not any(item.setting == "variable" for item in report.locked):
             lines.append("No variable needed restoring.")
     if locked:
         lines.append(
@@ -82,14 +83,14 @@ def describe_report(report: ApplyReport, restart_hint: str = RESTART_HINT, actio
             if report.state.initialized
             else "TensorFlow cannot change these settings in this process any more:"
         )
-        lines += [f"  - {item}" for item in locked]
+        lines += [f"  - {item_text(item)}" for item in locked]
         lines.append(restart_hint if action == "reset" else "The policy is recorded. " + restart_hint)
     if earlier:
         lines.append(f"{earlier} earlier change{'s' if earlier > 1 else ''} still wait{'' if earlier > 1 else 's'} "
                      "for a restart (`%tfgpu` lists them).")
     if report.failed:
         lines.append("TensorFlow refused part of the policy:")
-        lines += [f"  - {item}" for item in report.failed]
+        lines += [f"  - {item_text(item)}" for item in report.failed]
     if applied:
         lines.append("Applied: " + "; ".join(map(_shown_applied, applied)))
     absent = nothing_to_apply(report) if action == "edit" else list(report.absent) if action == "apply" else []
@@ -114,6 +115,71 @@ def nothing_to_apply(report: ApplyReport) -> list[str]:
         asked = " and ".join(f"`{phrase}`" for phrase in report.gpu_edits)
         return [f"{NO_GPU}: {asked} {'has' if len(report.gpu_edits) == 1 else 'have'} nothing to apply to here."]
     return list(report.absent)
+
+
+def shown(value: Any) -> str:
+    """Human form of a recorded or desired setting (a growth flag, a logical configuration, devices)."""
+    if value is None:
+        return "TF default"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple) and value and all(v is None for v in value):
+        return f"{len(value)} logical devices"
+    if isinstance(value, tuple):
+        return " + ".join(_shown_entry(entry) for entry in value)
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "none"
+    return str(value)
+
+
+def _shown_entry(entry: int | None | LogicalSpec) -> str:
+    if not isinstance(entry, LogicalSpec):
+        return "one logical device" if entry is None else f"{entry} MiB"
+    extras = [f"{name} {value}" for name, value in zip(("priority", "ordinal"), entry[1:]) if value is not None]
+    return f"{_shown_entry(entry.memory_limit)} ({', '.join(extras)})"
+
+
+SETTINGS = {"visible": "visible GPUs", "logical": "logical devices of {device}", "cpus": "logical CPU devices",
+            "growth": "memory growth of {device}", "variable": "{device}"}
+"""What each kind of `Change` is called (`tf.apply.Setting`)."""
+
+
+def change_text(change: Change) -> str:
+    """`logical devices of GPU:0: TF default → 1024 MiB` (and why it cannot change, if not initialization)."""
+    word = (lambda value: value or "unset") if change.setting == "variable" else shown
+    text = f"{SETTINGS[change.setting].format(device=change.device)}: {word(change.current)} → {word(change.desired)}"
+    return text + (f" ({change.why})" if change.why else "")
+
+
+def item_text(item: Change | Refusal | str) -> str:
+    """An `ApplyReport` item as its message words it: a change, a change TensorFlow refused (with
+    TensorFlow's words), or a line as it is (a variable set, a logger changed)."""
+    if isinstance(item, Refusal):
+        what = "listing TensorFlow's devices" if item.change is None else change_text(item.change)
+        return f"{what}: TensorFlow said: {item.said}"
+    return item if isinstance(item, str) else change_text(item)
+
+
+def recorded_lines(records: list[Recorded]) -> list[str]:
+    """What TensorFlow recorded, a line per device (two more for a CPU hidden by set_visible_devices)."""
+    lines = []
+    for device in records:
+        if device.kind == "CPU":
+            lines.append(f"{device.name}: {'one logical device' if device.logical is None else shown(device.logical)}")
+            if not device.visible:  # two lines, each within the status's width
+                lines.append(f"{device.name}: hidden by set_visible_devices (not by this tool); the first op will fail with")
+                lines.append(f"{device.name}: \"No CPU devices are available in this process\" unless it is made visible again")
+            continue
+        growth = "moot (cuda_malloc_async)" if device.pooled else shown(device.growth)
+        memory = "whole GPU" if device.logical is None else "logical GPUs " + shown(device.logical)
+        soft = " (soft: the cuda_malloc_async pool is shared)" if device.pooled and device.logical else ""
+        lines.append(f"{device.name}: memory growth {growth}, {memory}{soft}{'' if device.visible else ', hidden'}")
+    return lines
+
+
+def pending_lines(source: Controller, state: RuntimeState | None = None) -> list[tuple[str, list[str]]]:
+    """`Controller.pending()`'s groups, each change worded."""
+    return [(title, [change_text(change) for change in changes]) for title, changes in source.pending(state)]
 
 
 def initialized_by() -> str:
@@ -206,8 +272,8 @@ def snapshot(source: Controller) -> StatusSnapshot:
         environment=tuple(environment.items()),
         cuda_visible=tuple(describe_cuda_visible(environment.get(CUDA_VISIBLE_DEVICES), inventory)),
         inventory=inventory,
-        recorded=None if recorded is None else tuple(recorded),
-        pending=tuple((title, tuple(items)) for title, items in source.pending(state)),
+        recorded=None if recorded is None else tuple(recorded_lines(recorded)),
+        pending=tuple((title, tuple(items)) for title, items in pending_lines(source, state)),
         notes=tuple(source.plan(state).notes),
     )
 

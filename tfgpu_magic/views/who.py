@@ -1,13 +1,12 @@
 """`%tfgpu who` as text: each card with the processes that hold it, this user's idle kernels, and
-hints to shut down idle ones (the rows come from `holders.who`)."""
+hints to shut down idle ones (the rows come from `holders.who`), and what `--shutdown` did."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ..gpus.inventory import MIB, Inventory
-from ..holders import who
+from ..holders import Holder, ShutDown, who
 from ..language.sizes import bytes_text
 
 NO_NVML = "GPU memory needs NVML"
@@ -29,51 +28,51 @@ def _idle(seconds: float | None) -> str | None:
     return f"idle {int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
 
 
-def _holder(row: dict[str, Any], gpu: int | None) -> str:
+def _holder(row: Holder, gpu: int | None) -> str:
     """One line about one process; another user's shows user and memory only."""
-    parts = [f"pid {row['pid']}", row["user"] or "?"]
+    parts = [f"pid {row.pid}", row.user or "?"]
     if gpu is not None:
-        parts.append(_held(row["gpu_memory"].get(gpu)))
-    if row["mine"]:
-        parts.insert(2, row["notebook"] or (f"kernel {row['kernel_id'][:8]}" if row["kernel_id"]
-                                            else "a kernel no server owns" if row.get("is_kernel") else "not a kernel"))
-        idle = _idle(row["idle_seconds"])
-        if row["state"] == "busy":
+        parts.append(_held(row.gpu_memory.get(gpu)))
+    if row.mine:
+        parts.insert(2, row.notebook or (f"kernel {row.kernel_id[:8]}" if row.kernel_id
+                                         else "a kernel no server owns" if row.is_kernel else "not a kernel"))
+        idle = _idle(row.idle_seconds)
+        if row.state == "busy":
             parts.append("busy")
         elif idle:
             parts.append(idle)
-        if row["tensorflow"] is not None:
-            parts.append("TensorFlow loaded" if row["tensorflow"] else "no TensorFlow")
-        if row["placed"]:
-            parts.append(row["placed"])
-    return "  " + " · ".join(parts) + ("   ← this kernel" if row["this"] else "")
+        if row.tensorflow is not None:
+            parts.append("TensorFlow loaded" if row.tensorflow else "no TensorFlow")
+        if row.placed:
+            parts.append(row.placed)
+    return "  " + " · ".join(parts) + ("   ← this kernel" if row.this else "")
 
 
-def render(rows: list[dict[str, Any]], inventory: Inventory) -> str:
+def render(rows: list[Holder], inventory: Inventory) -> str:
     """`%tfgpu who`: cards, each with its holders; then this user's kernels on no GPU; hints."""
     lines: list[str] = []
     if not inventory.available:
         lines.append(f"{NO_NVML} ({inventory.error}); your kernels:")
-        lines += [_holder(row, None) for row in rows if row["mine"]] or ["  (no kernel of yours is running)"]
+        lines += [_holder(row, None) for row in rows if row.mine] or ["  (no kernel of yours is running)"]
     else:
         for gpu in inventory.gpus:
             used = "" if gpu.memory_used_mib is None or gpu.memory_total_mib is None else (
                 f" · {_held(gpu.memory_used_mib * MIB)} of {_held(gpu.memory_total_mib * MIB)} used")
             busy = "" if gpu.utilization_pct is None else f" · {gpu.utilization_pct}% busy"
             lines.append(f"GPU {gpu.index} · {gpu.name or gpu.uuid}{used}{busy}")
-            holders = [row for row in rows if gpu.index in row["gpu_memory"]]
+            holders = [row for row in rows if gpu.index in row.gpu_memory]
             lines += [_holder(row, gpu.index) for row in holders] or ["  (no process)"]
-        idle = [row for row in rows if row["mine"] and not row["gpu_memory"]]
+        idle = [row for row in rows if row.mine and not row.gpu_memory]
         if idle:
             lines.append("Your kernels on no GPU:")
             lines += [_holder(row, None) for row in idle]
-    hints = [row for row in rows if row["mine"] and not row["this"] and row["kernel_id"]
-             and (row["gpu_memory"] or not inventory.available)
-             and row["idle_seconds"] is not None and row["idle_seconds"] >= IDLE_HINT_SECONDS]
+    hints = [row for row in rows if row.mine and not row.this and row.kernel_id
+             and (row.gpu_memory or not inventory.available)
+             and row.idle_seconds is not None and row.idle_seconds >= IDLE_HINT_SECONDS]
     for row in hints:
         lines.append(
-            f"Kernel {row['kernel_id']} ({row['notebook'] or 'no notebook'}) is {_idle(row['idle_seconds'])}: shut it down "
-            f"from its notebook (Kernel → Shut Down Kernel) or `%tfgpu who --shutdown {row['kernel_id']} --yes`."
+            f"Kernel {row.kernel_id} ({row.notebook or 'no notebook'}) is {_idle(row.idle_seconds)}: shut it down "
+            f"from its notebook (Kernel → Shut Down Kernel) or `%tfgpu who --shutdown {row.kernel_id} --yes`."
         )
     return "\n".join(lines)
 
@@ -84,3 +83,8 @@ def report(inventory: Inventory | None = None, runtime_dir: Path | None = None) 
 
     found = inventory if inventory is not None else gpu_inventory.cached_inventory()
     return render(who(found, runtime_dir), found)
+
+
+def shutdown_text(done: ShutDown) -> str:
+    """`%tfgpu who --shutdown KERNEL_ID --yes`: which kernel was shut down, and its notebook."""
+    return f"Shut down kernel {done.kernel_id}" + (f" ({done.notebook})" if done.notebook else "") + "."

@@ -1,0 +1,51 @@
+"""What only the views can give the controller: words.
+
+Lower rooms find and decide; they say nothing themselves (docs/architecture.md, the layer table). So
+where a view creates or takes the process-wide controller (the magic, the panel, `configure()`), it
+hooks up, once, the words for what applying at `import tensorflow` left undone (stderr), for the
+notes after an out-of-memory error, and for the pending changes a server's kernel publishes. Each
+view module that words them is imported only when there is something to say: a kernel that a
+restart left a pending policy does this before its first cell, while the user waits.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..tf import oom
+from ..tf.runtime import current_shell
+
+if TYPE_CHECKING:
+    from ..controller import Controller
+    from ..tf.apply import ApplyReport, Change
+    from ..tf.oom import Outcome
+
+
+def hook_up(controller: Controller) -> Controller:
+    """`controller`, with the views' words hooked up (idempotent, and cheap when done already)."""
+    if controller.on_import_failure is _warn_import_failure:
+        return controller
+    from ..jupyter.kernelstate import start_publishing
+
+    controller.on_import_failure = _warn_import_failure
+    oom.settings.words = _oom_text
+    start_publishing(current_shell(), controller, word=_change_text)  # in a server's kernel only
+    return controller
+
+
+def _warn_import_failure(report: ApplyReport) -> None:
+    from .status import warn_import_failure
+
+    warn_import_failure(report)
+
+
+def _oom_text(outcome: Outcome) -> str:
+    from .oom import outcome_text
+
+    return outcome_text(outcome)
+
+
+def _change_text(change: Change) -> str:
+    from .status import change_text
+
+    return change_text(change)
