@@ -194,8 +194,11 @@ def test_restart_offer_where_a_restart_is_possible(monkeypatch: pytest.MonkeyPat
     once (here a stand-in that records the call)."""
     from tfgpu_magic.jupyter import restart
 
-    monkeypatch.setattr(restart, "choose_route", lambda shell: restart.Route("server", "test"))
-    monkeypatch.setattr(restart, "restart_and_apply", lambda shell, policy: f"restarting with {policy.cpu_devices}")
+    monkeypatch.setattr(restart, "choose_route", lambda shell: restart.Route("server"))
+    asked: list[int | None] = []
+    monkeypatch.setattr(restart, "restart_and_apply", lambda shell, policy, refused: (
+        asked.append(policy.cpu_devices), restart.Restarting(restart.Route("exit")))[1])
+    said = "Restarting the kernel: it exits now and its manager starts it again; the policy will be in force before your next cell."
     buttons: list = []
     monkeypatch.setattr("tfgpu_magic.views.confirm.show_restart_button", buttons.append)
     ctl = make_controller()
@@ -205,8 +208,8 @@ def test_restart_offer_where_a_restart_is_possible(monkeypatch: pytest.MonkeyPat
     assert str(offer).startswith("Restarting loses every variable of this kernel.")
     offer._ipython_display_()
     assert capsys.readouterr().out == str(offer) + "\n" and len(buttons) == 1
-    assert buttons[0]() == "restarting with 2"
-    assert actions.restart(ctl, None, yes=True) == "restarting with 2"
+    assert buttons[0]() == said and asked == [2]
+    assert actions.restart(ctl, None, yes=True) == said and asked == [2, 2]
 
 
 def test_default_and_autoload_in_a_profile(tmp_path: Path):
@@ -303,10 +306,10 @@ def test_the_panel_gets_the_same_restart_from_magic_and_python(monkeypatch: pyte
         return open_panel(*args)
 
     monkeypatch.setattr(actions, "open_panel", recorded)
-    monkeypatch.setattr(restart, "choose_route", lambda shell: restart.Route(route, "test"))
+    monkeypatch.setattr(restart, "choose_route", lambda shell: restart.Route(route))
     restarted: list[tuple] = []
-    monkeypatch.setattr(restart, "restart_and_apply",
-                        lambda shell, policy: (restarted.append((shell, policy)), f"stored {policy.cpu_devices}")[1])
+    monkeypatch.setattr(restart, "restart_and_apply", lambda shell, policy, refused: (
+        restarted.append((shell, policy)), restart.Restarting(restart.Route(route), not_stored="a test"))[1])
     monkeypatch.setattr("IPython.display.display", lambda *values: None)
     monkeypatch.setattr("tfgpu_magic.get_controller", lambda: ctl)
     monkeypatch.setattr("IPython.get_ipython", lambda: None)  # no shell: no post_run_cell hook to register
@@ -317,7 +320,8 @@ def test_the_panel_gets_the_same_restart_from_magic_and_python(monkeypatch: pyte
             for name in clicks:
                 assert restarted == [] and panel.message == ""
                 getattr(panel, name).click()
-            assert restarted == [(None, ctl.policy)] and panel.message == "stored 2"
+            assert restarted == [(None, ctl.policy)]
+            assert panel.message == "Not restarted: could not store the policy for the new kernel: a test"
             restarted.clear()
         finally:
             panel.close()

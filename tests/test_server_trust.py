@@ -39,7 +39,7 @@ from servers import (
     write_server_file,
 )
 
-from tfgpu_magic.jupyter import restart
+from tfgpu_magic.views.restarting import RESTARTING
 from tfgpu_magic.jupyter import server as server_client
 
 KERNEL_ID = str(uuid.uuid4())
@@ -364,7 +364,7 @@ def assert_restarts_into_policy(server: JupyterServer, cpus: int) -> None:
     with server.kernel() as kernel:
         old_pid = kernel.pid()
         output = kernel.ok(f"%load_ext tfgpu_magic\n%tfgpu split cpu {cpus}\n%tfgpu restart --yes").output
-        assert restart.RESTARTING in output, output
+        assert RESTARTING in output, output
         new = await_new_kernel(kernel, old_pid, RESTART_TIMEOUT)
         try:
             assert wait_until(lambda: new.evaluate(POLICY_IN_FORCE) == cpus, 30, "policy in force")
@@ -384,7 +384,7 @@ def test_server_listing_the_kernel_but_not_its_parent_gets_no_post(server: Jupyt
         with standalone_kernel(server.env, connection_file=elsewhere / f"kernel-{owned.kernel_id}.json") as kernel:
             pid = kernel.pid()
             result = kernel.ok("%load_ext tfgpu_magic\n%tfgpu split cpu 2\n%tfgpu restart --yes")
-            assert "Not restarted" in result.stdout and restart.RESTARTING not in result.stdout, result.output
+            assert "Not restarted" in result.stdout and RESTARTING not in result.stdout, result.output
             assert_kernel_kept(kernel, pid)
         assert owned.pid() == owned_pid and pid_alive(owned_pid)
     assert proxy.requests == []
@@ -428,7 +428,7 @@ def test_refused_restart_is_said_in_the_next_cell(tmp_path: Path):
             write_server_file(env.runtime_dir, os.getpid(), owner.port, token=token)
             pid = kernel.pid()
             said = kernel.ok("%load_ext tfgpu_magic\n%tfgpu split cpu 2\n%tfgpu restart --yes").stdout
-            assert restart.RESTARTING in said and "as this cell ends" in said, said
+            assert RESTARTING in said and "as this cell ends" in said, said
             wait_until(lambda: [r.method for r in owner.requests] == ["GET", "POST"], 10, "the restart asked")
             assert_kernel_kept(kernel, pid)
             next_cell = kernel.ok("pass")

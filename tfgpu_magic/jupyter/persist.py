@@ -338,14 +338,14 @@ def autoload_path(profile_dir: str | Path) -> Path:
     return startup_path(profile_dir, AUTOLOAD_NAME)
 
 
-def set_autoload(profile_dir: str | Path, enable: bool) -> str:
-    """Add or remove our startup file; other startup files and config stay untouched."""
+def set_autoload(profile_dir: str | Path, enable: bool) -> Path | None:
+    """Add or remove our startup file; other startup files and config stay untouched. The file
+    written or removed; None when there was none of ours to remove."""
     path = autoload_path(profile_dir)
     ours = _our_startup_text(path, AUTOLOAD_MARKER) is not None
     if enable:
-        write_startup(profile_dir, AUTOLOAD_NAME)
-        return f"Every new IPython session and kernel of this profile loads tfgpu_magic ({path})."
+        return write_startup(profile_dir, AUTOLOAD_NAME)
     if ours:
         path.unlink()
-        return f"Removed {path}: new kernels no longer load tfgpu_magic by themselves."
-    return "Autoload was not on; nothing to remove."
+        return path
+    return None

@@ -6,17 +6,18 @@ Routes, in order :
    kernels, which cannot be detected from inside the kernel) → exit cleanly;
 3. `frontend`: any other kernel (nbclient, papermill, VS Code, plain jupyter_client) → never kill it;
    say to restart it from the front end;
-4. `none`: terminal IPython (no kernel, nothing survives) → say to restart IPython.
+4. `terminal`: terminal IPython (no kernel, nothing survives), or `unconnected`: a kernel without a
+   connection file (nothing can carry the policy over) → nothing is stored.
 In every kernel the policy is stored as pending under the kernel's key (`startup.kernel_key`), and a
 startup file in the IPython profile loads the extension in the next kernel on the same connection
 file before it answers any cell; loading takes the pending policy. `server` finds and proves the
-server (its token goes nowhere else).
+server (its token goes nowhere else). What happened comes back as records (`Route`, `Restarting`);
+`views.restarting` words them.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -34,27 +35,40 @@ REQUEST_WAIT = 1.0
 cell, or a widget's comm message). The server interrupts the kernel before it shuts it down: that must
 not land in the cell (a KeyboardInterrupt), and the cell's reply must reach the front end first."""
 POLL = 0.001
-RESTARTING = "Restarting the kernel"
 RESTART_THREAD = "tfgpu_magic-restart"
 """The name of the thread that asks the server for the restart (tests watch for it)."""
 RESTART_COMMAND = "Kernel → Restart Kernel with the GPU Policy and Run up to Selected Cell…"
 """The menu entry of the labextension's `tfgpu:restart-run-to-selected` (labextension/src/index.ts)."""
 LABEXTENSION = "tfgpu-magic"
-TO_DO_FRONTEND = "restart the kernel from your front end (VS Code: Restart; nbclient, papermill: `restart_kernel()`)"
-"""What to do where nothing here can restart the kernel."""
 
 
 class Route(NamedTuple):
-    """How this kernel can be restarted: `server`, `exit`, `frontend` or `none`, and why."""
+    """How this kernel can be restarted: `server`, `exit`, `frontend`, `terminal` or `unconnected`
+    (see the module docstring); `server` is the one that owns it."""
 
     kind: str
-    reason: str
     server: Server | None = None
 
     @property
     def restarts(self) -> bool:
         """Whether taking this route brings a new kernel by itself."""
         return self.kind in ("server", "exit")
+
+    @property
+    def stores(self) -> bool:
+        """Whether the policy can be kept for a next kernel here."""
+        return self.kind not in ("terminal", "unconnected")
+
+
+class Restarting(NamedTuple):
+    """What `restart_and_apply` did: the route, why the policy could not be stored (then nothing
+    restarts), whether cells queued behind are held (`hold_queued_cells`), and whether the server is
+    asked as this cell ends (else at once: not in a cell)."""
+
+    route: Route
+    not_stored: str | None = None
+    held: bool = False
+    at_cell_end: bool = False
 
 
 def labextension_installed() -> bool:
@@ -66,30 +80,28 @@ def labextension_installed() -> bool:
     return any((Path(folder) / LABEXTENSION / "package.json").is_file() for folder in jupyter_path("labextensions"))
 
 
-def restart_command_hint(shell: Any) -> str:
-    """The sentence naming the labextension's restart command where this kernel's front end has it: a
-    Jupyter server's kernel (connection file `kernel-<id>.json`) in an environment where JupyterLab
-    finds the extension; "" elsewhere. No request is made: it is said with every locked setting."""
+def restart_command_offered(shell: Any) -> bool:
+    """Whether this kernel's front end has the labextension's restart command: a Jupyter server's
+    kernel (connection file `kernel-<id>.json`) in an environment where JupyterLab finds the
+    extension. No request is made: it is asked with every locked setting."""
     path = connection_file(shell)
-    if path is None or server_kernel_id(path) is None or not labextension_installed():
-        return ""
-    return f"In JupyterLab or Notebook 7, {RESTART_COMMAND} also runs your cells again with the policy in force."
+    return path is not None and server_kernel_id(path) is not None and labextension_installed()
 
 
 def choose_route(shell: Any) -> Route:
     """The restart route for this kernel (see the module docstring)."""
     if getattr(shell, "kernel", None) is None:
-        return Route("none", "this is terminal IPython, not a kernel: quit and start IPython again")
+        return Route("terminal")
     path = connection_file(shell)
     if path is None:
-        return Route("none", "this kernel has no connection file, so nothing can carry the policy over")
+        return Route("unconnected")
     kernel_id = server_kernel_id(path)
     server = find_server(kernel_id) if kernel_id else None
     if server is not None:
-        return Route("server", "the Jupyter server that owns this kernel restarts it", server)
+        return Route("server", server)
     if os.environ.get(RESTART_ENV) == "exit":
-        return Route("exit", f"{RESTART_ENV}=exit: the kernel exits and its manager starts it again")
-    return Route("frontend", "no Jupyter server owns this kernel, so nothing here can restart it")
+        return Route("exit")
+    return Route("frontend")
 
 
 def keep_for_next_kernel(shell: Any, policy: Policy, path: Path | None = None) -> None:
@@ -103,53 +115,41 @@ def keep_for_next_kernel(shell: Any, policy: Policy, path: Path | None = None) -
     persist.store_pending(kernel_key(path), policy, connection_file=path)
 
 
-def restart_and_apply(shell: Any, policy: Policy) -> str:
-    """Store `policy` for this kernel, restart it if something will bring it back, and say what happened."""
+def restart_and_apply(shell: Any, policy: Policy, refused: Callable[[str], None]) -> Restarting:
+    """Store `policy` for this kernel and restart it if something will bring it back. Where the
+    server refuses the request (after this cell), the kernel lives on: `refused` is told the reason."""
     route = choose_route(shell)
     path = connection_file(shell)
-    if route.kind == "none" or path is None:
-        return f"Not restarted: {route.reason}. `%tfgpu export` gives the policy as code."
+    if not route.stores or path is None:
+        return Restarting(route)
     key = kernel_key(path)
     try:
         keep_for_next_kernel(shell, policy, path)
     except (OSError, PolicyError) as err:
-        return f"Not restarted: could not store the policy for the new kernel: {err}"
+        return Restarting(route, not_stored=str(err))
     if route.kind == "frontend":
-        return (
-            f"Not restarted: {route.reason}.\nThe policy is stored: {TO_DO_FRONTEND}, "
-            "and it will be in force before the restarted kernel's first cell."
-        )
+        return Restarting(route)
     held = hold_queued_cells(shell)
     if route.kind == "server":
         assert route.server is not None
         server = route.server  # found for the server's kernel id, which is this kernel's key
-        when = "as this cell ends" if in_cell(shell) else "in a moment"
-        after_this_request(shell, lambda wait: _request_restart(shell, server, key, wait))
-        return (
-            f"{RESTARTING}: its Jupyter server (it confirmed it owns this kernel) is asked to restart it {when}; "
-            f"the policy will be in force in the new kernel before your next cell.{held}"
-        )
+        after_this_request(shell, lambda wait: _request_restart(shell, server, key, wait, refused))
+        return Restarting(route, held=held, at_cell_end=in_cell(shell))
     shell.kernel.do_shutdown(True)
-    return (
-        f"{RESTARTING}: it exits now and its manager starts it again; "
-        f"the policy will be in force before your next cell.{held}"
-    )
+    return Restarting(route, held=held)
 
 
-QUEUED_NOT_RUN = "\nCells queued behind this one are not run in the old kernel (they would run under the old policy): run them again once the new kernel is up."
-
-
-def hold_queued_cells(shell: Any) -> str:
+def hold_queued_cells(shell: Any) -> bool:
     """From now until this kernel ends, answer every cell that reaches it as aborted instead of running
     it: the restart is decided, and a cell run now would run under the old policy and its work would be
     lost. This is ipykernel's own stop-on-error state (`Kernel._aborting`, read for each execute_request
-    in `Kernel.dispatch_shell`, ipykernel 6 and 7; front ends show such cells as not run). Returns the
-    sentence that tells the user, or "" where the kernel has no such state."""
+    in `Kernel.dispatch_shell`, ipykernel 6 and 7; front ends show such cells as not run). False where
+    the kernel has no such state."""
     kernel = getattr(shell, "kernel", None)
     if kernel is None or not hasattr(kernel, "_aborting"):
-        return ""
+        return False
     kernel._aborting = True
-    return QUEUED_NOT_RUN
+    return True
 
 
 def release_queued_cells(shell: Any) -> None:
@@ -175,10 +175,11 @@ def after_this_request(shell: Any, start: Callable[[float], None]) -> None:
     on_next(shell, "post_execute", lambda: start(REQUEST_WAIT))  # fires for silent cells too
 
 
-def _request_restart(shell: Any, server: Server, kernel_id: str, wait: float) -> None:
+def _request_restart(shell: Any, server: Server, kernel_id: str, wait: float, refused: Callable[[str], None]) -> None:
     import threading
 
-    thread = threading.Thread(target=_post_restart, args=(shell, server, kernel_id, wait), name=RESTART_THREAD, daemon=True)
+    thread = threading.Thread(target=_post_restart, args=(shell, server, kernel_id, wait, refused), name=RESTART_THREAD,
+                              daemon=True)
     thread.start()
 
 
@@ -194,9 +195,9 @@ def wait_for_idle(wait: float) -> None:
         time.sleep(POLL)
 
 
-def _post_restart(shell: Any, server: Server, kernel_id: str, wait: float) -> None:
-    """Ask for the restart; if the server refuses, the kernel lives on: say so at the start of the next
-    cell (the cell that asked has ended)."""
+def _post_restart(shell: Any, server: Server, kernel_id: str, wait: float, refused: Callable[[str], None]) -> None:
+    """Ask for the restart; if the server refuses, the kernel lives on: later cells run again, and
+    `refused` is told why (the cell that asked has ended)."""
     wait_for_idle(wait)
     try:
         server.request("POST", f"api/kernels/{kernel_id}/restart")
@@ -204,8 +205,4 @@ def _post_restart(shell: Any, server: Server, kernel_id: str, wait: float) -> No
         return
     except OSError as err:  # a refusal
         release_queued_cells(shell)
-        message = (
-            f"tfgpu_magic: the kernel was NOT restarted: its Jupyter server refused ({short_error(err)}). "
-            "The policy stays stored; restart the kernel from your front end to apply it."
-        )
-        on_next(shell, "pre_run_cell", lambda: print(message, file=sys.stderr))
+        refused(short_error(err))

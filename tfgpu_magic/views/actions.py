@@ -62,19 +62,20 @@ def restart(controller: Controller, shell: Any, arg: str | None = None, *, yes: 
     """`%tfgpu restart [--yes]`: with `yes`, or where nothing could restart the kernel anyway, store
     the policy and restart (or say what to do); else say what is lost and offer a confirm button
     where pressing it restarts."""
-    from ..jupyter.restart import TO_DO_FRONTEND, choose_route, restart_command_hint
+    from ..jupyter.restart import choose_route
+    from .restarting import TO_DO_FRONTEND, command_sentence
 
     if yes:
         return restart_now(controller, shell)
     route = choose_route(shell)
-    if route.kind == "none":
+    if not route.stores:
         return restart_now(controller, shell)  # says why nothing can restart here and what to do instead
     pending = [f"  - {item}" for _, items in pending_lines(controller) for item in items]
     lost = ["Restarting loses every variable of this kernel." + (" Changes it applies:" if pending else "")] + pending
     if not route.restarts:
         last = f"Nothing here can restart this kernel: run `%tfgpu restart --yes` to store the policy, then {TO_DO_FRONTEND}."
         return "\n".join(lost + [last])
-    command = restart_command_hint(shell) if route.kind == "server" else ""
+    command = command_sentence(shell) if route.kind == "server" else ""
     text = "\n".join(lost + ["Click the button, or run `%tfgpu restart --yes`."] + ([command] if command else []))
     return RestartOffer(text, functools.partial(restart_now, controller, shell))
 
@@ -82,8 +83,9 @@ def restart(controller: Controller, shell: Any, arg: str | None = None, *, yes: 
 def restart_now(controller: Controller, shell: Any) -> str:
     """Store the policy for the next kernel and restart this one by the best route; what happened."""
     from ..jupyter.restart import restart_and_apply
+    from .restarting import restart_text, say_refused
 
-    return restart_and_apply(shell, controller.policy)
+    return restart_text(restart_and_apply(shell, controller.policy, say_refused(shell)))
 
 
 def restarts(shell: Any) -> bool:
@@ -195,7 +197,12 @@ def default(controller: Controller, shell: Any, arg: str | None = None) -> str:
 @_setup_errors
 def autoload(controller: Controller, shell: Any, arg: str | None = None) -> str:
     """`%tfgpu autoload on | off`: load the extension in every new kernel of the profile."""
-    return persist.set_autoload(_profile_dir(shell), arg == "on")
+    path = persist.set_autoload(_profile_dir(shell), arg == "on")
+    if arg == "on":
+        return f"Every new IPython session and kernel of this profile loads tfgpu_magic ({path})."
+    if path is not None:
+        return f"Removed {path}: new kernels no longer load tfgpu_magic by themselves."
+    return "Autoload was not on; nothing to remove."
 
 
 @runs("kernelspec")

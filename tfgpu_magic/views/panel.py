@@ -19,7 +19,7 @@ from typing import Any, Callable
 from ..controller import Controller, ListedGpu, get_controller
 from ..errors import PolicyError
 from ..gpus.inventory import Gpu
-from ..jupyter.restart import TO_DO_FRONTEND, restart_command_hint
+from .restarting import TO_DO_FRONTEND, command_sentence
 from ..language.directives import LOGLEVEL_OFF
 from ..language.grammar import Edit, default_edit
 from ..language.policy import LOGLEVELS
@@ -168,7 +168,7 @@ class Panel:
         self.restarts = restarts
         self.restart_button = w.Button(
             description="Restart kernel and apply" if restarts else "Keep for the next restart",
-            tooltip=(restart_command_hint(shell) or None) if restarts
+            tooltip=(command_sentence(shell) or None) if restarts
             else f"Nothing here can restart this kernel: {TO_DO_FRONTEND}",
             icon="refresh", button_style="warning", layout=whole_layout())
         self.confirm_button = w.Button(description="Yes, restart (variables are lost)", button_style="danger",

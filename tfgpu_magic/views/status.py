@@ -42,9 +42,9 @@ def restart_hint(shell: Any) -> str:
     labextension, restart and run its cells again), terminal IPython cannot."""
     if getattr(shell, "kernel", None) is None:
         return TERMINAL_RESTART_HINT
-    from ..jupyter.restart import restart_command_hint
+    from .restarting import command_sentence
 
-    command = restart_command_hint(shell)
+    command = command_sentence(shell)
     return f"{RESTART_HINT}\n{command}" if command else RESTART_HINT
 
 
