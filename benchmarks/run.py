@@ -261,6 +261,8 @@ def status_vs_shell_start(bench: Bench) -> Row:
                      0.10, note="imports " + ", ".join(found) if found else "")
 
 
+DEFAULT_REPEAT = 9
+"""Pairs per figure unless `--repeat` says otherwise."""
 EMPTY_CELL_PAIRS_FACTOR = 5
 """A sample is a fraction of a second and the target is 1 %: take more pairs than elsewhere."""
 
@@ -360,16 +362,11 @@ def panel_vs_shell_start(bench: Bench) -> Row:
                      [s["seconds"] for s in shells], 1.0)
 
 
-RESTART_PAIRS_FACTOR = 3
-"""A plain restart itself varies by 0.1 s (jupyter_client checks every 0.1 s whether the old kernel
-has exited) against a target of 10 %: take more pairs than elsewhere."""
-
-
 def restart_vs_plain_restart(bench: Bench) -> Row:
     """`%tfgpu restart --yes` until the policy is in force / a plain server restart (bench_restart.py)."""
-    from bench_restart import TARGET, restart_roundtrip
+    from bench_restart import PAIRS_FACTOR, TARGET, restart_roundtrip
 
-    pairs = bench.repeat * RESTART_PAIRS_FACTOR
+    pairs = bench.repeat * PAIRS_FACTOR
     progress(f"restart and apply vs plain server restart: {pairs} pairs under a real server")
     result = restart_roundtrip(pairs, pyc_cache=caches_bytecode(dict(bench.env)))
     return ratio_row("restart and apply / plain restart", result["samples"]["apply_s"],
@@ -528,7 +525,7 @@ def child_env(workdir: Path, pyc_cache: bool) -> tuple[tuple[str, str], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=9, help="samples (pairs) per figure (default 9)")
+    parser.add_argument("--repeat", type=int, default=DEFAULT_REPEAT, help=f"samples (pairs) per figure (default {DEFAULT_REPEAT})")
     parser.add_argument("--cells", type=int, default=2000, help="cells per empty-cell sample (default 2000)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--only", action="append", default=[], metavar="TEXT",

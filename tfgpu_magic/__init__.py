@@ -38,10 +38,9 @@ def __getattr__(name: str) -> Any:
 def get_controller() -> Any:
     """The process-wide controller shared by the magic, the panel and `configure()`, with the views'
     words hooked up (`views.hookup`)."""
-    from .controller import get_controller as shared
-    from .views.hookup import hook_up
+    from .views.hookup import shared_controller
 
-    return hook_up(shared())
+    return shared_controller()
 
 
 def configure(*directives: str) -> ApplyReport:

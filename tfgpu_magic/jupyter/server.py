@@ -68,9 +68,9 @@ class Server(NamedTuple):
         if method == "POST":
             body = b"{}"
             headers["Content-Type"] = "application/json"
-        connection = _connection(self.url)
+        connection, base = _connection(self.url)
         try:
-            connection.request(method, _path(self.url, path), body=body, headers=headers)
+            connection.request(method, base.rstrip("/") + "/" + path.lstrip("/"), body=body, headers=headers)
             reply = connection.getresponse()
             if not 200 <= reply.status < 300:
                 raise OSError(f"HTTP Error {reply.status}: {reply.reason}")
@@ -87,28 +87,21 @@ class Server(NamedTuple):
             raise PolicyError(f"the server at {self.url} sent a reply that is not UTF-8") from None
 
 
-def _connection(url: str) -> Any:
+def _connection(url: str) -> tuple[Any, str]:
     """An `http.client` connection to the host and port of `url` (https without certificate checks:
-    loopback only, the server is identified by pid, see the module docstring)."""
+    loopback only, the server is identified by pid, see the module docstring), and the URL's base path."""
     import http.client
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
     if parts.scheme != "https":
-        return http.client.HTTPConnection(parts.hostname, parts.port, timeout=HTTP_TIMEOUT)
+        return http.client.HTTPConnection(parts.hostname, parts.port, timeout=HTTP_TIMEOUT), parts.path
     import ssl
 
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
-    return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=HTTP_TIMEOUT, context=context)
-
-
-def _path(url: str, path: str) -> str:
-    """The request target: `path` under the server's base URL."""
-    from urllib.parse import urlsplit
-
-    return urlsplit(url).path.rstrip("/") + "/" + path.lstrip("/")
+    return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=HTTP_TIMEOUT, context=context), parts.path
 
 
 def ancestors() -> list[int]:

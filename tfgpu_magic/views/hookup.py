@@ -21,6 +21,13 @@ if TYPE_CHECKING:
     from ..tf.oom import Outcome
 
 
+def shared_controller() -> Controller:
+    """The process-wide controller (`controller.get_controller`), with the views' words hooked up."""
+    from ..controller import get_controller
+
+    return hook_up(get_controller())
+
+
 def hook_up(controller: Controller) -> Controller:
     """`controller`, with the views' words hooked up (idempotent, and cheap when done already)."""
     if controller.on_import_failure is _warn_import_failure:

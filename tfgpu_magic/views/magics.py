@@ -60,10 +60,9 @@ class TFGPUMagics(Magics):
     def controller(self) -> Controller:
         """The process-wide controller (or the one given), created on first use."""
         if self._controller is None:
-            from ..controller import get_controller
-            from .hookup import hook_up
+            from .hookup import shared_controller
 
-            self._controller = hook_up(get_controller())
+            self._controller = shared_controller()
         return self._controller
 
     @property

@@ -16,7 +16,7 @@ import html
 import threading
 from typing import Any, Callable
 
-from ..controller import Controller, ListedGpu, get_controller
+from ..controller import Controller, ListedGpu
 from ..errors import PolicyError
 from ..gpus.inventory import Gpu
 from .restarting import TO_DO_FRONTEND, command_sentence
@@ -27,7 +27,7 @@ from ..language.words import ALLOCATORS
 from ..language.sizes import directive_size, gib_pair, mib_text
 from .confirm import whole_layout
 from .results import badge, state_label_html, text_html
-from .hookup import hook_up
+from .hookup import shared_controller
 from .status import describe_report, pending_lines
 
 REFRESH_SECONDS = 2.0
@@ -131,7 +131,7 @@ class Panel:
         import ipywidgets as w
 
         self.w = w
-        self.controller = controller or hook_up(get_controller())
+        self.controller = controller or shared_controller()
         self.shell = shell
         self.restart = restart
         self._syncing = False
