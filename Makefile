@@ -6,36 +6,38 @@ STAMP := $(VENV)/.installed-stamp
 # Jupyter refuses to run as root without --allow-root; Docker GPU images (TensorFlow's among them) run as root.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-DEMO_DIR := notebooks
+# The demo serves its own copy of notebooks/, made once in a git-ignored folder and never overwritten: JupyterLab's
+# autosave stays on, what a user writes there (new notebooks too) survives reloads and the next `make demo`, and
+# the tracked notebooks stay as they are.
+DEMO_DIR := .demo
 DEMO_NOTEBOOK := quickstart.ipynb
-# JupyterLab's autosave would write the demo's outputs into the tracked notebook; in this venv only, it is off
-# (File > Save still saves). Settings in overrides.json: https://jupyterlab.readthedocs.io/en/stable/user/directories.html
-LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 
 .PHONY: demo test bench bench-against soak screenshots clean
 
-# The JupyterLab extension (TypeScript in labextension/, built into tfgpu_magic/labextension/ by npm; node is
-# needed here, by developers, never by users of the wheel). setup.py builds it during `pip install`; the venv
-# then links it (`jupyter-builder develop`, what `jupyter labextension develop` runs), so that a rebuild after
-# an edit is live at the next reload.
-LABEXT_BUILT := tfgpu_magic/labextension/package.json
-LABEXT_SOURCES := $(wildcard labextension/src/*.ts labextension/style/* labextension/schema/*) \
-	labextension/package.json labextension/package-lock.json labextension/tsconfig.json
-
-$(STAMP): setup.cfg pyproject.toml setup.py labextension/package.json labextension/package-lock.json
+# The venv: the README's install (`pip install -e .`), with the extras the tests and the demo need. It builds the
+# JupyterLab extension when it is missing (hatch-jupyter-builder, see pyproject.toml) and enables both
+# extensions in the venv.
+$(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip setuptools  # `jupyter-builder develop` runs setup.py
 	$(BIN)/python -m pip install -q -e ".[test,demo,nvml]"
-	$(BIN)/jupyter-builder develop --overwrite .
-	mkdir -p $(dir $(LAB_OVERRIDES))
-	echo '{"@jupyterlab/docmanager-extension:plugin": {"autosave": false}}' > $(LAB_OVERRIDES)
 	touch $(STAMP)
 
-$(LABEXT_BUILT): $(LABEXT_SOURCES) | $(STAMP)
-	cd labextension && npm run build
-	touch $(LABEXT_BUILT)
+# The JupyterLab extension: TypeScript in labextension/, built into tfgpu_magic/labextension/ by npm (node is
+# needed here, by developers, never by users of the wheel). After an edit the old build goes and the install
+# runs again: its build hook makes a new build (`npm run build`) and copies it into the venv.
+LABEXT_BUILT := tfgpu_magic/labextension/package.json
+LABEXT_SOURCES := $(wildcard labextension/src/*.ts labextension/src/*.tsx labextension/style/* labextension/schema/*) \
+	labextension/package.json labextension/package-lock.json labextension/tsconfig.json
 
-demo: $(STAMP) $(LABEXT_BUILT)  ## set up and open JupyterLab on the quickstart notebook
+$(LABEXT_BUILT): $(LABEXT_SOURCES) | $(STAMP)
+	rm -rf $(dir $(LABEXT_BUILT))
+	$(BIN)/python -m pip install -q --no-deps -e .
+
+$(DEMO_DIR)/$(DEMO_NOTEBOOK):
+	mkdir -p $(DEMO_DIR)
+	for notebook in notebooks/*.ipynb; do test -e "$(DEMO_DIR)/$${notebook##*/}" || cp "$$notebook" $(DEMO_DIR)/; done
+
+demo: $(STAMP) $(LABEXT_BUILT) $(DEMO_DIR)/$(DEMO_NOTEBOOK)  ## set up and open JupyterLab on the quickstart notebook
 	$(BIN)/jupyter lab $(ALLOW_ROOT) --ServerApp.root_dir=$(DEMO_DIR) --LabApp.default_url=/lab/tree/$(DEMO_NOTEBOOK)
 
 test: $(STAMP) $(LABEXT_BUILT)  ## set up and run the whole test suite

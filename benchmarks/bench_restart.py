@@ -30,6 +30,7 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from bytecode import with_bytecode_cache  # noqa: E402
+from pairs import DEFAULT_REPEAT, RESTART_PAIRS_FACTOR  # noqa: E402
 from servers import (  # noqa: E402  (tests/ is not a package)
     JupyterServer,
     KernelConnection,
@@ -38,9 +39,6 @@ from servers import (  # noqa: E402  (tests/ is not a package)
 )
 
 TARGET = 1.1
-PAIRS_FACTOR = 3
-"""Pairs per sample of the other figures (`run.py --repeat`): a plain restart itself moves in steps of
-0.1 s (jupyter_client checks every 0.1 s whether the old kernel has exited) against a target of 10 %."""
 """Restart-and-apply may take at most this many times a plain restart."""
 TIMEOUT = 60.0
 TRY_INTERVAL = 0.02
@@ -131,10 +129,8 @@ def restart_roundtrip(repeat: int, pyc_cache: bool = True) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from run import DEFAULT_REPEAT
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    pairs = DEFAULT_REPEAT * PAIRS_FACTOR
+    pairs = DEFAULT_REPEAT * RESTART_PAIRS_FACTOR
     parser.add_argument("--repeat", type=int, default=pairs, help=f"pairs of samples (default {pairs}, as `make bench`)")
     parser.add_argument("--no-pyc-cache", dest="pyc_cache", action="store_false",
                         help="kernels keep the environment's bytecode setting")

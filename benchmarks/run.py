@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from bytecode import caches_bytecode, with_bytecode_cache
+from pairs import DEFAULT_REPEAT, EMPTY_CELL_PAIRS_FACTOR, RESTART_PAIRS_FACTOR
 
 HEAVY = ("tensorflow", "ipywidgets", "pynvml")
 """Modules that loading the extension and editing the policy must not import."""
@@ -261,12 +262,6 @@ def status_vs_shell_start(bench: Bench) -> Row:
                      0.10, note="imports " + ", ".join(found) if found else "")
 
 
-DEFAULT_REPEAT = 9
-"""Pairs per figure unless `--repeat` says otherwise."""
-EMPTY_CELL_PAIRS_FACTOR = 5
-"""A sample is a fraction of a second and the target is 1 %: take more pairs than elsewhere."""
-
-
 def seconds_per_empty_cell(shell: Any, cells: int) -> float:
     """Mean seconds of one empty cell over `cells` cells, after a garbage collection."""
     gc.collect()
@@ -364,9 +359,9 @@ def panel_vs_shell_start(bench: Bench) -> Row:
 
 def restart_vs_plain_restart(bench: Bench) -> Row:
     """`%tfgpu restart --yes` until the policy is in force / a plain server restart (bench_restart.py)."""
-    from bench_restart import PAIRS_FACTOR, TARGET, restart_roundtrip
+    from bench_restart import TARGET, restart_roundtrip
 
-    pairs = bench.repeat * PAIRS_FACTOR
+    pairs = bench.repeat * RESTART_PAIRS_FACTOR
     progress(f"restart and apply vs plain server restart: {pairs} pairs under a real server")
     result = restart_roundtrip(pairs, pyc_cache=caches_bytecode(dict(bench.env)))
     return ratio_row("restart and apply / plain restart", result["samples"]["apply_s"],

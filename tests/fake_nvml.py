@@ -9,13 +9,17 @@ carrying an error code. UUIDs, names and the driver version come back as `str` (
 or, with `text_as_bytes=True`, as `bytes` (older releases).
 
 Failures are configurable: `init_error` makes `nvmlInit` raise (no driver), `fail` makes named calls
-raise on every GPU, `FakeGpu.fail` on one GPU only. `OlderBinding` stands for an nvidia-ml-py that
-predates some functions (the module has no such attribute).
+raise on every GPU, `FakeGpu.fail` on one GPU only, `block` makes named calls (`nvmlInit` included)
+hang like a wedged driver's: for a number of seconds, or until the test sets an `Event`.
+`OlderBinding` stands for an nvidia-ml-py that predates some functions (the module has no such
+attribute).
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -106,19 +110,32 @@ class FakeNvml:
         init_error: BaseException | int | None = None,
         fail: dict[str, int] | None = None,
         text_as_bytes: bool = False,
+        block: dict[str, float | threading.Event] | None = None,
     ) -> None:
         self.gpus = gpus
         self.driver = driver
         self.init_error = init_error
         self.fail = dict(fail or {})
         self.text_as_bytes = text_as_bytes
+        self.block = dict(block or {})
+        """Function name → seconds it sleeps, or an `Event` it waits for, before it answers."""
         self.initialized = False
         self.calls: list[str] = []
 
     # ----- plumbing ------------------------------------------------------------------------
+    def _hang(self, name: str) -> None:
+        """Block the calling thread as a wedged driver would, where `block` says so."""
+        wait = self.block.get(name)
+        if isinstance(wait, threading.Event):
+            wait.wait()
+        elif wait is not None:
+            time.sleep(wait)
+
     def _enter(self, name: str, handle: Handle | None = None) -> None:
-        """Record the call; raise what NVML would (not initialized, or a configured failure)."""
+        """Record the call; hang where `block` says; raise what NVML would (not initialized, or a
+        configured failure)."""
         self.calls.append(name)
+        self._hang(name)
         if not self.initialized:
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
         code = self.fail.get(name)
@@ -133,6 +150,7 @@ class FakeNvml:
     # ----- pynvml's API --------------------------------------------------------------------
     def nvmlInit(self) -> None:
         self.calls.append("nvmlInit")
+        self._hang("nvmlInit")
         if isinstance(self.init_error, int):
             raise NVMLError(self.init_error)
         if self.init_error is not None:

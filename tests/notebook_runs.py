@@ -5,11 +5,12 @@ The notebook is read from `notebooks/` and executed in memory, so the saved file
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
 import nbformat
-from kernels import CELL_TIMEOUT, STARTUP_TIMEOUT, kernel_manager, quiet_env
+from kernels import CELL_TIMEOUT, QUIET_ENV, STARTUP_TIMEOUT, kernel_manager, quiet_env
 from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
@@ -19,19 +20,27 @@ NO_DRIVER = not any(Path(p).exists() for p in ("/proc/driver/nvidia", "/dev/nvid
 """No NVIDIA driver on this machine (the CI machine), so what the doctor and NVML-based directives say is known."""
 
 
-def execute(name: str) -> nbformat.NotebookNode:
-    """`notebooks/<name>` executed top to bottom in an isolated kernel; nbclient fails on any untagged cell error."""
+def execute(name: str, loud: bool = False) -> nbformat.NotebookNode:
+    """`notebooks/<name>` executed top to bottom in an isolated kernel; nbclient fails on any untagged
+    cell error. `loud`: with TensorFlow's own log defaults, as a user's kernel has them (else quieted)."""
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     with tempfile.TemporaryDirectory(prefix="tfgpu-nb-") as tmp:
+        manager = kernel_manager(Path(tmp), asynchronous=True)
+        if loud:
+            spec_file = Path(tmp) / "kernels" / manager.kernel_name / "kernel.json"
+            spec = json.loads(spec_file.read_text())
+            spec["env"] = {key: value for key, value in spec["env"].items() if key not in QUIET_ENV}
+            spec_file.write_text(json.dumps(spec))
         client = NotebookClient(
             nb,
-            km=kernel_manager(Path(tmp), asynchronous=True),
+            km=manager,
             timeout=CELL_TIMEOUT,
             startup_timeout=STARTUP_TIMEOUT,
             allow_errors=False,
             resources={"metadata": {"path": tmp}},
         )
-        client.execute(cleanup_kc=True, env=quiet_env())  # cleanup_kc: shut down the kernel we made
+        environ = {key: value for key, value in quiet_env().items() if not (loud and key in QUIET_ENV)}
+        client.execute(cleanup_kc=True, env=environ)  # cleanup_kc: shut down the kernel we made
     return nb
 
 

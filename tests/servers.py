@@ -393,16 +393,16 @@ class JupyterServer:
 @contextlib.contextmanager
 def running_server(
     env: JupyterEnv, app: str = "jupyter_server", extra_args: tuple[str, ...] = (), timeout: float = STARTUP_TIMEOUT,
-    certificate: tuple[Path, Path] | None = None,
+    certificate: tuple[Path, Path] | None = None, python: Path | str = sys.executable,
 ) -> Iterator[JupyterServer]:
     """`python -m {app}` on 127.0.0.1 (free port, random token, root dir `env.root`) until it answers
     /api/status; stopped, with every kernel it started, on exit. `app="jupyterlab"` gives JupyterLab;
-    `certificate` (cert, key files) makes it serve https."""
+    `certificate` (cert, key files) makes it serve https; `python` is another environment's interpreter."""
     token = secrets.token_hex(24)
     port = free_port()
     log = env.root / f"{app}-{port}.log"
     argv = [
-        sys.executable, "-m", app, "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+        str(python), "-m", app, "--no-browser", "--ip=127.0.0.1", f"--port={port}",
         "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={env.root}",
     ]  # fmt: skip
     if certificate is not None:

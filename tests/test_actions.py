@@ -59,21 +59,21 @@ def test_status_is_one_result_with_text_and_html():
     sent = formats(result)
     assert sent["text/plain"] == str(result) == f"""\
 TensorFlow: not imported
-Policy:     growth on; limit 2048 MiB on GPU 0
+Policy:     growth on; limit 2GB on GPU 0
 Variables:  CUDA_DEVICE_ORDER=PCI_BUS_ID, TF_FORCE_GPU_ALLOW_GROWTH=true
 GPUs (NVML, driver 550.54.15, nvidia-smi numbering):
-  0  NVIDIA A100-SXM4-80GB  20480 / 81920 MiB used, 50% busy  GPU-0a6f8c2e…  bus 00000000:07:00.0
-       pid {os.getpid()}: 1024 MiB (this kernel)
-       pid {OTHER_PID}: 19456 MiB
-  1  NVIDIA A100-SXM4-80GB  1024 / 81920 MiB used, 30% busy  GPU-b1c2d3e4…  bus 00000000:0F:00.0
-  2  NVIDIA A100-SXM4-80GB  1024 / 81920 MiB used, 10% busy  GPU-b2d4f6a8…  bus 00000000:47:00.0
-  3  NVIDIA A100-SXM4-40GB  0 / 40960 MiB used  GPU-c3e5a7b9…  bus 00000000:4E:00.0
-       MIG MIG-5e6f7a8b-9c0d-5e1f-a2b3-c4d5e6f7a8b9  19968 MiB
-       MIG MIG-7a8b9c0d-1e2f-5a3b-c4d5-e6f7a8b9c0d1  9856 MiB
+  0  NVIDIA A100-SXM4-80GB  20.0 / 80 GiB used, 50% busy  GPU-0a6f8c2e…  bus 00000000:07:00.0
+       pid {os.getpid()}: 1.0 GiB (this kernel)
+       pid {OTHER_PID}: 19.0 GiB
+  1  NVIDIA A100-SXM4-80GB  1.0 / 80 GiB used, 30% busy  GPU-b1c2d3e4…  bus 00000000:0F:00.0
+  2  NVIDIA A100-SXM4-80GB  1.0 / 80 GiB used, 10% busy  GPU-b2d4f6a8…  bus 00000000:47:00.0
+  3  NVIDIA A100-SXM4-40GB  0.0 / 40 GiB used  GPU-c3e5a7b9…  bus 00000000:4E:00.0
+       MIG MIG-5e6f7a8b-9c0d-5e1f-a2b3-c4d5e6f7a8b9  19.5 GiB
+       MIG MIG-7a8b9c0d-1e2f-5a3b-c4d5-e6f7a8b9c0d1  9.6 GiB
 Note: growth goes through TF_FORCE_GPU_ALLOW_GROWTH=true: TF refuses set_memory_growth on a limited
       GPU"""
     html = sent["text/html"]
-    assert "<table" in html and "growth on; limit 2048 MiB on GPU 0" in html
+    assert "<table" in html and "growth on; limit 2GB on GPU 0" in html
     assert "TF_FORCE_GPU_ALLOW_GROWTH=true" in html and "NVIDIA A100" in html
     assert "var(--jp-success-color1" in html and "locked" not in html
 
@@ -259,10 +259,15 @@ def test_subscribe_and_unsubscribe():
 
 
 def test_environment_lists_only_our_variables():
+    """Our variables only; and an inherited grant by index keeps CUDA's order (PCI_BUS_ID would make
+    CUDA read the `1` as another card)."""
     ctl = make_controller()
     ctl.environ.update({"PATH": "/bin", "CUDA_VISIBLE_DEVICES": "1"})
     ctl.edit([ctl.parse("growth on")])
-    assert ctl.environment() == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1"}
+    assert ctl.environment() == {"CUDA_VISIBLE_DEVICES": "1"}
+    ctl.environ["CUDA_VISIBLE_DEVICES"] = "GPU-b1c2d3e4"
+    ctl.edit([ctl.parse("growth on")])
+    assert ctl.environment() == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "GPU-b1c2d3e4"}
 
 
 def test_a_kernel_gets_status_and_doctor_as_text_and_html():

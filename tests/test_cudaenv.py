@@ -110,22 +110,29 @@ def test_entries_are_a_clean_prefix(tokens: list[str]) -> None:
     assert (again.entries, again.stopped_at) == (parsed.entries, None)
 
 
+DEFAULT_ORDER = " in CUDA's default order (fastest first), not nvidia-smi's"
+
+
 @pytest.mark.parametrize(
-    "raw, line",
+    "raw, order, line",
     [
-        ("", "CUDA_VISIBLE_DEVICES='' hides every GPU"),
-        ("-1", "CUDA_VISIBLE_DEVICES='-1' hides every GPU (CUDA stops at '-1')"),
-        ("1,0", "CUDA_VISIBLE_DEVICES='1,0' → CUDA uses GPU 1, 0"),
-        ("0,-1,1", "CUDA_VISIBLE_DEVICES='0,-1,1' → CUDA uses GPU 0; CUDA stops at '-1' and ignores the rest"),
+        ("", None, "CUDA_VISIBLE_DEVICES='' hides every GPU"),
+        ("-1", None, "CUDA_VISIBLE_DEVICES='-1' hides every GPU (CUDA stops at '-1')"),
+        ("1,0", "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES='1,0' → CUDA uses GPU 1, 0"),
+        ("1,0", None, f"CUDA_VISIBLE_DEVICES='1,0' → CUDA uses GPU 1, 0{DEFAULT_ORDER}"),
+        ("1,0", "FASTEST_FIRST", f"CUDA_VISIBLE_DEVICES='1,0' → CUDA uses GPU 1, 0{DEFAULT_ORDER}"),
+        ("0,-1,1", "PCI_BUS_ID",
+         "CUDA_VISIBLE_DEVICES='0,-1,1' → CUDA uses GPU 0; CUDA stops at '-1' and ignores the rest"),
     ],
 )
-def test_status_shows_cuda_visible_devices_resolved(raw: str, line: str) -> None:
-    """The status shows an inherited `CUDA_VISIBLE_DEVICES` the way CUDA will read it."""
+def test_status_shows_cuda_visible_devices_resolved(raw: str, order: str | None, line: str) -> None:
+    """The status shows an inherited `CUDA_VISIBLE_DEVICES` the way CUDA will read it: indices are
+    nvidia-smi's only in PCI order (`CUDA_DEVICE_ORDER=PCI_BUS_ID`), and it says so where they are not."""
     from tfgpu_magic.gpus.inventory import Inventory
     from tfgpu_magic.views.status import describe_cuda_visible
 
-    assert describe_cuda_visible(raw, Inventory(error="no NVML")) == [line]
-    assert describe_cuda_visible(None, Inventory(error="no NVML")) == []
+    assert describe_cuda_visible(raw, Inventory(error="no NVML"), order) == [line]
+    assert describe_cuda_visible(None, Inventory(error="no NVML"), order) == []
 
 
 def test_status_checks_cuda_visible_devices_against_real_gpus() -> None:
@@ -134,7 +141,7 @@ def test_status_checks_cuda_visible_devices_against_real_gpus() -> None:
     from tfgpu_magic.views.status import describe_cuda_visible
 
     inventory = Inventory(gpus=(Gpu(0, "GPU-aaaa"), Gpu(1, "GPU-bbbb")))
-    assert describe_cuda_visible("1,5,0", inventory) == [
+    assert describe_cuda_visible("1,5,0", inventory, "PCI_BUS_ID") == [
         "CUDA_VISIBLE_DEVICES='1,5,0' → CUDA uses GPU 1; CUDA stops at '5' and ignores the rest"
     ]
 
@@ -166,7 +173,7 @@ def test_status_quotes_a_huge_value_by_excerpt() -> None:
     from tfgpu_magic.views.status import describe_cuda_visible
 
     raw = ",".join(str(n % 200) for n in range(100)) + ",x" * 100_000
-    (line,) = describe_cuda_visible(raw, Inventory(error="no NVML"))
+    (line,) = describe_cuda_visible(raw, Inventory(error="no NVML"), "PCI_BUS_ID")
     assert len(line) < 300 and "(200,289 characters)" in line and "(100 in all); CUDA stops at 'x'" in line
     (many,) = describe_cuda_visible(",".join(f"GPU-{n}" for n in range(1000)), Inventory(error="no NVML"))
     assert "(1,000 in all)" in many and len(many) < 400

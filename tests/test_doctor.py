@@ -147,6 +147,9 @@ NVML_FAILS = {"NVIDIA driver / NVML": (FAIL, "NVML could not start: Driver Not L
 NO_NODES = {"device nodes": (FAIL, "no /dev/nvidia0, /dev/nvidia1, ... in this machine or container",
                              "in Docker start with --gpus all")}
 HIDES_ALL = "`%tfgpu visible all` (or `visible 0`) before importing TensorFlow, or unset it"
+WEDGED = "run `nvidia-smi` in a terminal: if it hangs too, the driver is wedged, and `sudo dmesg | grep -i xid`"
+STALE = FOUR._replace(stale_seconds=95.2, blocked_seconds=90.4, warning="the NVIDIA driver is not answering: …")
+"""FOUR served as the last good reading while an NVML call hangs (tests/test_nvml_deadline.py makes them)."""
 
 
 def env(**variables: str) -> dict[str, str]:
@@ -240,6 +243,18 @@ SCENARIOS = [
              dict(inventory=Inventory(error="nvidia-ml-py is not installed (`pip install nvidia-ml-py`)")),
              {"NVIDIA driver / NVML": (WARN, "nvidia-ml-py is not installed", "pip install nvidia-ml-py")},
              "Nothing stops TensorFlow from using the GPUs above."),
+    scenario("driver-not-answering-stale-figures", dict(inventory=STALE),
+             {"NVIDIA driver / NVML": (FAIL, "the NVIDIA driver is not answering: an NVML call has waited 90 s; the "
+                                             "GPU figures shown are 95 s old", WEDGED)},
+             "TensorFlow has no GPU here because: NVIDIA driver / NVML: the NVIDIA driver is not answering: an NVML "
+             "call has waited 90 s; the GPU figures shown are 95 s old. Fix the first one first."),
+    scenario("driver-not-answering-no-reading",
+             dict(inventory=Inventory(error="the NVIDIA driver is not answering: …", blocked_seconds=3.1),
+                  api=FakeAPI(0)),
+             {"NVIDIA driver / NVML": (FAIL, "the NVIDIA driver is not answering: an NVML call has waited 3 s",
+                                       "only a GPU reset (`sudo nvidia-smi -r -i N`, with no process on that card) "
+                                       "or a reboot clears it: ask the machine's admin"),
+              **TF_LISTS_NONE}),
     scenario("nvml-sees-no-gpu", dict(inventory=read_inventory(Nvml(module=FakeNvml([]))), api=FakeAPI(0)),
              {"NVIDIA driver / NVML": (FAIL, "driver 550.54.15, GPUs none", "NVML works but lists no GPU"),
               **TF_LISTS_NONE}),

@@ -58,9 +58,10 @@ def edit(ctl: Controller, *lines: str) -> ApplyReport:
     return ctl.edit([ctl.parse(line) for line in lines])
 
 
-def worded(items: list[Change | Refusal | str]) -> list[str]:
-    """A report's records as the messages word them (`views.status`); lines stay as they are."""
-    return [status.item_text(item) for item in items]
+def worded(items: list[Change | Refusal | str], route: str | None = None) -> list[str]:
+    """A report's records as the messages word them (`views.status`; `route`: what created the GPU
+    devices, as the report's state says); lines stay as they are."""
+    return [status.item_text(item, route) for item in items]
 
 
 def import_tensorflow(fake: FakeTF) -> None:
@@ -262,8 +263,9 @@ CASES = {
     "growth + cpu split": Case(2, ("growth on", "split cpu 2"), [(0, True, None), (1, True, None)], cpus=2),
     "limit in % of each card": Case(2, ("limit 25%",), [(0, False, (4096,)), (1, False, (4096,))]),
     "visible by UUID + limit": Case(4, ("visible GPU-1,GPU-3", "limit 1GB 3"), [(1, False, None), (3, False, (1024,))]),
-    "inherited CUDA_VISIBLE_DEVICES": Case(
-        4, ("limit 1GB 3",), [(2, False, None), (3, False, (1024,))], env={"CUDA_VISIBLE_DEVICES": "2,3"}
+    "inherited CUDA_VISIBLE_DEVICES": Case(  # the grant's GPU 1 (CUDA's numbering) is the card nvidia-smi calls 3
+        4, ("limit 1GB 1",), [(2, False, None), (3, False, (1024,))],
+        env={"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     ),
 }
 
@@ -352,10 +354,10 @@ def test_hand_configured_growth_is_recognised_after_init() -> None:
 
 CHANGES = {
     "growth off": (("growth on",), ("growth off",), ["memory growth of GPU:0: on → off", "memory growth of GPU:1"]),
-    "add a limit": ((), ("limit 2GB 0",), ["logical devices of GPU:0: TF default → 2048 MiB"]),
+    "add a limit": ((), ("limit 2GB 0",), ["logical devices of GPU:0: TF default → 2GB"]),
     "growth + limit": (("growth on",), ("limit 2GB 0",), [f"{GROWTH_ENV}: unset → true", "logical devices of GPU:0"]),
     "hide a GPU": ((), ("visible 0",), ["visible GPUs: GPU:0, GPU:1 → GPU:0"]),
-    "other split": (("split 1 2x1GB",), ("split 1 3x1GB",), ["logical devices of GPU:1: 1024 MiB + 1024 MiB →"]),
+    "other split": (("split 1 2x1GB",), ("split 1 3x1GB",), ["logical devices of GPU:1: 1GB + 1GB →"]),
     "cpu split": (("split cpu 2",), ("split cpu 3",), ["logical CPU devices: 2 logical devices → 3"]),
 }
 
@@ -423,7 +425,7 @@ def test_recorded_settings_show_what_tensorflow_holds() -> None:
     edit(ctl, "visible 0,2", "split 2 2x1GB")
     text = status.describe_status(ctl)
     assert "GPU:1: memory growth TF default, whole GPU, hidden" in text
-    assert "GPU:2: memory growth TF default, logical GPUs 1024 MiB + 1024 MiB" in text
+    assert "GPU:2: memory growth TF default, logical GPUs 1GB + 1GB" in text
 
 
 # ----- regressions: bugs once found through the fake --------------------------------------------
@@ -434,10 +436,10 @@ def test_limit_off_after_it_was_recorded_is_not_claimed_in_force() -> None:
     edit(ctl, "limit 2GB 0")
     report = edit(ctl, "limit off")
     assert not report.ok and report.applied == []
-    assert report.locked == [Change("variable", "CUDA_DEVICE_ORDER", "PCI_BUS_ID", None, "read when CUDA started"),
+    assert report.locked == [Change("variable", "CUDA_DEVICE_ORDER", "PCI_BUS_ID", None, "cuda_start"),
                              Change("logical", "GPU:0", (2048,), None)]
     assert worded(report.locked) == ["CUDA_DEVICE_ORDER: PCI_BUS_ID → unset (read when CUDA started)",
-                                     "logical devices of GPU:0: 2048 MiB → TF default"]
+                                     "logical devices of GPU:0: 2GB → TF default"]
     pending = status.describe_status(ctl).split("Pending, needs a restart:\n", 1)
     assert len(pending) == 2 and all(item in pending[1] for item in worded(report.locked))
     assert gpus_in_force(fake.initialize()) == [(0, False, (2048,)), (1, False, None)]  # what the report warned of
@@ -521,9 +523,9 @@ def test_change_after_a_route_created_devices_is_locked() -> None:
     calls = len(fake.calls)
     report = edit(ctl, "limit 1GB 1", "growth on")
     assert report.applied == [] and len(report.locked) == 2 and not report.ok
-    assert worded(report.locked) == [
+    assert worded(report.locked, report.state.devices_created) == [
         f"{GROWTH_ENV}: unset → true (read when TensorFlow created the GPU allocators)",
-        "logical devices of GPU:1: TF default → 1024 MiB (GPU devices were created by "
+        "logical devices of GPU:1: TF default → 1GB (GPU devices were created by "
         f"`device_lib.list_local_devices()` {where()})"]
     assert len(fake.calls) == calls and fake.get_logical(_gpu(fake, 1)) is None
     assert "cannot change these settings" in status.describe_report(report)
@@ -688,7 +690,7 @@ def test_users_own_logical_config_with_priority_is_not_identical() -> None:
     fake.set_user_logical(_gpu(fake, 0), [LogicalSpec(1024, -1)])
     fake.initialize()
     report = edit(ctl, "limit 1GB 0")
-    assert worded(report.locked) == ["logical devices of GPU:0: 1024 MiB (priority -1) → 1024 MiB"]
+    assert worded(report.locked) == ["logical devices of GPU:0: 1GB (priority -1) → 1GB"]
 
 
 def test_user_hid_the_cpu_and_the_status_explains() -> None:

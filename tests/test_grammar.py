@@ -459,10 +459,10 @@ def test_a_percentage_limit_is_shown_as_written_until_another_limit_replaces_it(
         policy = apply_edit(policy, parse_line(line, catalog), catalog)
         shown.append(describe_policy(policy))
     assert shown == [
-        ["limit 50% (40960 MiB) on GPU 0, 1, 2, 50% (20480 MiB) on GPU 3"],
-        ["limit 50% (40960 MiB) on GPU 0, 2, 1024 MiB on GPU 1, 50% (20480 MiB) on GPU 3"],
-        ["limit 50% (40960 MiB) on GPU 0, 1024 MiB on GPU 1, 50% (20480 MiB) on GPU 3"],
-        ["limit 50% (40960 MiB) on GPU 0, 25% (20480 MiB) on GPU 1, 50% (20480 MiB) on GPU 3"],
-        ["limit 2048 MiB on every visible GPU"],
+        ["limit 50% (40.0 GiB) on GPU 0, 1, 2, 50% (20.0 GiB) on GPU 3"],
+        ["limit 50% (40.0 GiB) on GPU 0, 2, 1GB on GPU 1, 50% (20.0 GiB) on GPU 3"],
+        ["limit 50% (40.0 GiB) on GPU 0, 1GB on GPU 1, 50% (20.0 GiB) on GPU 3"],
+        ["limit 50% (40.0 GiB) on GPU 0, 25% (20.0 GiB) on GPU 1, 50% (20.0 GiB) on GPU 3"],
+        ["limit 2GB on every visible GPU"],
     ]
     assert policy.limits_written == () and Policy.from_dict(policy.to_dict()) == policy

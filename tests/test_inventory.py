@@ -210,6 +210,29 @@ def test_processes_mark_this_kernel(inventory: Inventory) -> None:
     assert all(gpu.processes == () for gpu in inventory.gpus[1:])
 
 
+def test_in_a_pid_namespace_of_its_own_no_process_is_this_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML's pids are the host's: in a container's pid namespace a host process may carry this
+    process's pid, so `is_self` is unknown and so is what this process holds (tests/test_pid_namespace.py
+    runs it in a real namespace); a card with no process still holds 0 of ours."""
+    from tfgpu_magic.gpus import processes
+
+    monkeypatch.setattr(processes, "foreign_pid_namespace", lambda: True)
+    found = read(FakeNvml(four_gpus()))
+    assert found.gpus[0].processes == (GpuProcess(ME, 1024, None), GpuProcess(OTHER_PID, 19456, None))
+    assert inventory_module.self_mib(found.gpus[0]) is None and inventory_module.self_mib(found.gpus[1]) == 0
+    monkeypatch.setattr(processes, "foreign_pid_namespace", lambda: None)  # /proc/self/ns unreadable: as before
+    assert read(FakeNvml(four_gpus())).gpus[0].processes[0].is_self is True
+
+
+def test_visible_auto_never_picks_from_a_stale_reading(inventory: Inventory) -> None:
+    stale = inventory._replace(stale_seconds=30.0, blocked_seconds=28.0,
+                               warning=inventory_module.not_answering(28.0, 30.0))
+    said = "`visible auto` needs current GPU figures: the NVIDIA driver is not answering: an NVML call has waited 28 s"
+    with pytest.raises(PolicyError, match=re.escape(f"{said}; these GPU figures are from 30 s ago")):
+        apply("visible auto", InventoryCatalog(stale))
+    assert apply("visible 1", InventoryCatalog(stale)).visible == ("1",)  # naming a card needs no current figure
+
+
 def test_process_memory_unknown() -> None:
     """NVML's 'not available' process memory (None) stays unknown."""
     inventory = read(FakeNvml([FakeGpu(UUIDS[0], processes=[(OTHER_PID, None)])]))
@@ -406,7 +429,7 @@ def test_visible_auto_picks_the_freest(catalog: InventoryCatalog, line: str, pic
     policy = apply(line, catalog)
     assert policy.visible == tuple(UUIDS[i] for i in picked)
     ((field, why),) = policy.sources
-    assert field == "visible" and why.startswith("auto picked GPU 2 (80896 MiB free, 10% busy)")
+    assert field == "visible" and why.startswith("auto picked GPU 2 (79.0 GiB free, 10% busy)")
     assert [int(part.split()[0]) for part in why.split("GPU ")[1:]] == list(picked)
 
 
@@ -420,7 +443,7 @@ def test_visible_auto_explains_unknown_utilization(catalog: InventoryCatalog) ->
     """The reason for a pick never shows Python's None: an unknown utilization (GPU 3, in MIG mode) is left out."""
     why = apply("visible auto:4", catalog).sources[0][1]
     assert "None" not in why
-    assert why.endswith(", GPU 0 (61439 MiB free, 50% busy), GPU 3 (40960 MiB free)")
+    assert why.endswith(", GPU 0 (60.0 GiB free, 50% busy), GPU 3 (40.0 GiB free)")
 
 
 @pytest.mark.parametrize(
@@ -555,7 +578,7 @@ def test_controller_visible_auto_then_limits(controller: Controller) -> None:
     assert (plan.tf_indices, plan.unresolved) == ((("2", 0), (UUIDS[1], 1)), ())
     assert limit_table(plan) == ({0: (1024,), 1: (20480,)}, None)
     assert any(part.startswith("(visible: auto picked GPU 2") for part in describe_policy(controller.policy))
-    assert f"       pid {OTHER_PID}: 19456 MiB" in describe_status(controller).splitlines()
+    assert f"       pid {OTHER_PID}: 19.0 GiB" in describe_status(controller).splitlines()
 
 
 def test_this_process_on_a_gpu_means_cuda_variables_are_too_late(catalog: InventoryCatalog) -> None:
@@ -611,12 +634,12 @@ def test_status_lists_live_memory(inventory: Inventory) -> None:
     assert lines[0] == "GPUs (NVML, driver 550.54.15, nvidia-smi numbering):"
     gpu_lines = [line for line in lines if line.startswith("  ") and not line.startswith("       ")]
     assert [line.split()[0] for line in gpu_lines] == ["0", "1", "2", "3"]
-    for line, fragment, uuid in zip(gpu_lines, ["20480 / 81920 MiB used, 50% busy", "1024 / 81920 MiB used, 30% busy",
-                                                "1024 / 81920 MiB used, 10% busy", "0 / 40960 MiB used  "], SHORT_UUIDS):
+    for line, fragment, uuid in zip(gpu_lines, ["20.0 / 80 GiB used, 50% busy", "1.0 / 80 GiB used, 30% busy",
+                                                "1.0 / 80 GiB used, 10% busy", "0.0 / 40 GiB used  "], SHORT_UUIDS):
         assert fragment in line and f"  {uuid}  bus 00000000:" in line
-    assert f"       pid {ME}: 1024 MiB (this kernel)" in lines
-    assert f"       pid {OTHER_PID}: 19456 MiB" in lines
-    assert lines[-2:] == [f"       MIG {MIG_UUIDS[0]}  19968 MiB", f"       MIG {MIG_UUIDS[1]}  9856 MiB"]
+    assert f"       pid {ME}: 1.0 GiB (this kernel)" in lines
+    assert f"       pid {OTHER_PID}: 19.0 GiB" in lines
+    assert lines[-2:] == [f"       MIG {MIG_UUIDS[0]}  19.5 GiB", f"       MIG {MIG_UUIDS[1]}  9.6 GiB"]
 
 
 def test_status_unknown_fields_show_question_marks() -> None:
@@ -624,8 +647,8 @@ def test_status_unknown_fields_show_question_marks() -> None:
     gpus = [FakeGpu(UUIDS[0], processes=[(ME, None)])]
     fake = FakeNvml(gpus, fail={"nvmlDeviceGetMemoryInfo": 3, "nvmlDeviceGetUtilizationRates": 3})
     lines = describe_gpus(read(fake))
-    assert lines[1].startswith(f"  0  NVIDIA A100-SXM4-80GB  ? / ? MiB used  {SHORT_UUIDS[0]}  bus ")
-    assert lines[2] == f"       pid {ME}: ? MiB (this kernel)"
+    assert lines[1].startswith(f"  0  NVIDIA A100-SXM4-80GB  ? / ? used  {SHORT_UUIDS[0]}  bus ")
+    assert lines[2] == f"       pid {ME}: ? (this kernel)"
 
 
 def test_status_without_gpus() -> None:

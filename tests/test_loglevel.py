@@ -75,7 +75,7 @@ def test_every_variable_has_a_reader_a_moment_and_a_meaning():
 ], ids=["fresh", "imported", "listed", "cuda-elsewhere", "initialized"])
 def test_the_read_time_decides_what_is_locked(state, late):
     assert {name for name in envvars.NAMES if too_late(name, state)} == late
-    assert too_late(TF_CPP_MIN_LOG_LEVEL, RuntimeState(imported=True)) == "read when TensorFlow was imported"
+    assert too_late(TF_CPP_MIN_LOG_LEVEL, RuntimeState(imported=True)) == "import"
 
 
 # ----- the plan and the exports -----------------------------------------------------------------------

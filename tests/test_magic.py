@@ -100,7 +100,7 @@ def test_status_shows_policy_and_tensorflow_state(controller: Controller, tfgpu)
     tfgpu("limit 2GB 0")
     out = tfgpu("")
     assert "not imported" in out
-    assert "growth on" in out and "limit 2048 MiB on GPU 0" in out
+    assert "growth on" in out and "limit 2GB on GPU 0" in out
     assert "TF_FORCE_GPU_ALLOW_GROWTH=true" in out
     assert tfgpu("status") == out
 
@@ -255,13 +255,14 @@ def test_invalid_default_policy_is_one_line_and_ignored(load_with_config, tfgpu,
 
 
 def test_reset_restores_variables_the_tool_changed(make_magic, tfgpu) -> None:
-    outside = {"TF_GPU_ALLOCATOR": "foo", "CUDA_VISIBLE_DEVICES": "3", "HOME": "/home/me"}
+    """Indices count within the inherited grant (here by UUID prefixes: no inventory needed)."""
+    outside = {"TF_GPU_ALLOCATOR": "foo", "CUDA_VISIBLE_DEVICES": "GPU-3a,GPU-1b", "HOME": "/home/me"}
     controller = make_magic(dict(outside))
     tfgpu("allocator async")
-    tfgpu("visible 0,1")
+    tfgpu("visible 1,0")
     tfgpu("growth on")
-    assert controller.environ == {**outside, "TF_GPU_ALLOCATOR": "cuda_malloc_async", "CUDA_VISIBLE_DEVICES": "0,1",
-                                  "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert controller.environ == {**outside, "TF_GPU_ALLOCATOR": "cuda_malloc_async",
+                                  "CUDA_VISIBLE_DEVICES": "GPU-1b,GPU-3a", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     tfgpu("reset")
     assert controller.policy == Policy()
     assert controller.environ == outside
@@ -419,10 +420,11 @@ def test_lines_are_not_variable_expanded(shell, controller: Controller, tfgpu) -
 
 # ----- messages -------------------------------------------------------------------------------------
 def test_reset_says_what_it_cleared_and_restored(make_magic, tfgpu) -> None:
-    make_magic({"CUDA_VISIBLE_DEVICES": "3"})
-    tfgpu("visible 0,1")
+    controller = make_magic({"CUDA_VISIBLE_DEVICES": "3,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    tfgpu("visible 1")  # the grant's second GPU: nvidia-smi's 1, CUDA counting in PCI order
+    assert controller.environ["CUDA_VISIBLE_DEVICES"] == "1"
     out = tfgpu("reset")
-    assert "Policy cleared" in out and "CUDA_VISIBLE_DEVICES=3" in out and "unset CUDA_DEVICE_ORDER" in out
+    assert "Policy cleared" in out and "CUDA_VISIBLE_DEVICES=3,1" in out and "CUDA_DEVICE_ORDER" not in out
     assert "Recorded" not in out and "applies when TensorFlow is imported" not in out
     assert "No variable needed restoring." in tfgpu("reset")
 
@@ -474,7 +476,7 @@ def test_bare_status_without_gpus_reads_at_a_glance(controller: Controller, tfgp
 def test_limit_on_every_gpu_and_one_gpu_is_one_phrase(controller: Controller, tfgpu) -> None:
     tfgpu("limit 4GB")
     tfgpu("limit 1GB 0")
-    assert "Policy:     limit 1024 MiB on GPU 0, 4096 MiB on every other visible GPU" in tfgpu("")
+    assert "Policy:     limit 1GB on GPU 0, 4GB on every other visible GPU" in tfgpu("")
 
 
 def test_unknown_option_gets_a_suggestion(controller: Controller, tfgpu) -> None:

@@ -110,10 +110,21 @@ def test_a_policy_changed_after_initialization_is_not_claimed_in_force() -> None
 
 
 def test_an_inherited_cuda_visible_devices_maps_tensorflows_numbers_to_the_cards() -> None:
-    fake, ctl, mem, inventory = machine(env={"CUDA_VISIBLE_DEVICES": "2,1"}, start="initialized")
+    fake, ctl, mem, inventory = machine(env={"CUDA_VISIBLE_DEVICES": "2,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
+                                        start="initialized")
     rows = memory(ctl, mem, inventory)
     assert [(r["gpu"], r["tf_device"]) for r in rows] == [("2", "GPU:0"), ("1", "GPU:1")]
     assert rows[0]["process_mib"] == 0 and rows[0]["cap_text"].startswith("none (no growth")
+
+
+def test_indices_in_cudas_default_order_are_not_given_another_cards_figures() -> None:
+    """Without `CUDA_DEVICE_ORDER=PCI_BUS_ID` CUDA counts the indices fastest first: TensorFlow's two
+    GPUs are listed, but no card's NVML figures are claimed for them (was: GPU 2's and GPU 1's)."""
+    fake, ctl, mem, inventory = machine(env={"CUDA_VISIBLE_DEVICES": "2,1"}, start="initialized")
+    rows = memory(ctl, mem, inventory)
+    assert [(r["gpu"], r["tf_device"], r["total_mib"]) for r in rows] == [(None, "GPU:0", None), (None, "GPU:1", None)]
+    assert [line.split()[:2] for line in memory_text(ctl, mem, inventory).splitlines()[1:3]] == [["?", "GPU:0"],
+                                                                                                 ["?", "GPU:1"]]
 
 
 def test_growth_and_the_async_allocator_are_named() -> None:
@@ -157,4 +168,17 @@ def test_real_tensorflow_is_neither_initialized_nor_imported_by_it() -> None:
     proc = subprocess.run([sys.executable, "-c", script], env=quiet_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     first, rows, last = proc.stdout.splitlines()
-    assert first.startswith("No GPU found: ") and rows == "[]" and last.startswith("No GPU: TensorFlow lists none")
+    assert first.startswith("No GPU found: ") and rows == "[]" and last.startswith("No GPU in this process: TensorFlow lists none")
+
+
+def test_in_a_container_the_memory_of_this_process_and_of_others_is_unknown_not_guessed() -> None:
+    """NVML's pids are the host's there (`GpuProcess.is_self` None): no process is this one, and none
+    is counted as another's either."""
+    found = read_inventory(Nvml(module=FakeNvml(four_gpus())))
+    host = found._replace(gpus=tuple(gpu._replace(processes=tuple(p._replace(is_self=None) for p in gpu.processes))
+                                     for gpu in found.gpus))
+    fake, ctl, mem, _ = machine(inventory=host, start="initialized")
+    (first, *_) = memory_rows(ctl, mem, host)
+    assert first.gpu == "0" and (first.process_mib, first.others_mib, first.other_processes) == (None, None, ())
+    (same, *_) = memory_rows(ctl, mem, found)
+    assert same.process_mib == 1024 and same.others_mib == 19 * 1024

@@ -367,7 +367,7 @@ def test_the_initializing_cell_is_named_and_the_hooks_leave(fresh_record) -> Non
     assert initcell.initialized_by() == "by In [7]: `model.fit(x_train, y_train, ...`"
     assert shell.events.callbacks == {"pre_run_cell": [], "post_run_cell": []}
     assert initcell.label(RuntimeState(imported=True, initialized=True).label) == (
-        "initialized by In [7]: `model.fit(x_train, y_train, ...`: device settings are locked until the kernel restarts")
+        "initialized by In [7]: `model.fit(x_train, y_train, ...`: device settings are locked until restart")
 
 
 def test_initialized_outside_a_cell_says_what_is_known(fresh_record) -> None:

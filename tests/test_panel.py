@@ -265,9 +265,26 @@ def test_panel_edit_shows_in_status_and_export():
     panel.cpus.value = "2"
     panel.limits["1"].value = "1.5GB"
     status = describe_status(ctl)
-    assert "split cpu into 2 logical devices" in status and "limit 1536 MiB on GPU 1" in status
+    assert "split cpu into 2 logical devices" in status and "limit 1536MB on GPU 1" in status
     code = export(ctl.policy)
     assert "LogicalDeviceConfiguration()] * 2" in code and "memory_limits = {1: [1536]}" in code
+
+
+def test_in_a_granted_kernel_a_row_edits_its_own_card():
+    """Started with `CUDA_VISIBLE_DEVICES=2` (PCI order), where `limit 2GB 2` would mean the grant's GPU 2:
+    the row of nvidia-smi's GPU 2 names its card by UUID, and the row of a card outside the grant gets the
+    magic's one-line refusal."""
+    from fake_nvml import UUIDS
+
+    inventory = read_inventory(Nvml(module=FakeNvml(four_gpus())))
+    env = {"CUDA_VISIBLE_DEVICES": "2", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    ctl = Controller(api=FakeTF(4, imported=False, environ=env), environ=env, catalog=InventoryCatalog(inventory))
+    panel = Panel(ctl)
+    panel.limits["2"].value = "2GB"
+    assert ctl.policy.limits == ((UUIDS[2], 2048),) and panel.error.value == ""
+    panel.limits["1"].value = "1GB"
+    assert "this kernel was granted 1 GPU (CUDA_VISIBLE_DEVICES=2), and this GPU is not among them" in panel.error.value
+    assert ctl.policy.limits == ((UUIDS[2], 2048),) and panel.limits["1"].value == ""
 
 
 def test_panel_in_terminal_ipython_needs_a_notebook(capsys):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from fake_nvml import UUIDS, FakeNvml, four_gpus
+from fake_nvml import MIG_UUIDS, UUIDS, FakeNvml, four_gpus
 from jupyter_client import KernelManager
 from faults_support import SERVER_APP, bounded, hold_lock, opened_by, server_env
 from servers import JupyterEnv, isolated_jupyter
@@ -297,8 +297,38 @@ def test_auto_picks_only_among_the_gpus_a_scheduler_granted(env: JupyterEnv, mon
     """Slurm or a device plugin set CUDA_VISIBLE_DEVICES for the server: `auto` stays inside that grant."""
     _fake(read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False)))), monkeypatch)
     _spec(env, "tf-auto", Policy(), "auto")
-    environ = _kernel_environ(env, "tf-auto", CUDA_VISIBLE_DEVICES=f"0,{UUIDS[3]}")
+    environ = _kernel_environ(env, "tf-auto", CUDA_VISIBLE_DEVICES=f"0,{UUIDS[3]}", CUDA_DEVICE_ORDER="PCI_BUS_ID")
     assert environ["CUDA_VISIBLE_DEVICES"] == UUIDS[0]  # 60 GB free beats 40
+
+
+@pytest.mark.parametrize("grant, order, picked", [
+    ("1,2", "PCI_BUS_ID", 2), (f"{UUIDS[0][:12]},{UUIDS[3]}", None, 0), (MIG_UUIDS[1], None, None),
+], ids=["indices-in-pci-order", "gpu-uuids", "mig-uuid"])
+def test_the_launch_picks_within_the_launching_grant(env: JupyterEnv, monkeypatch: pytest.MonkeyPatch,
+                                                     grant: str, order: str | None, picked: int | None) -> None:
+    """The pick at launch ranks only the granted GPUs (`gpus.cudaenv.Grant`, as the magic's `visible
+    auto`): GPU 2 beats 1 on busyness, GPU 0's 60 GB free beat GPU 3's 40, a MIG instance is its own pick."""
+    _fake(read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False)))), monkeypatch)
+    launch = provisioner.TFGPUProvisioner(visible="auto", kernel_id="k1")
+    policy, warning = launch.resolve(grant, order)
+    assert warning is None and policy.visible == (MIG_UUIDS[1] if picked is None else UUIDS[picked],)
+    assert [r.gpus for r in reservations.current(env.runtime_dir)] == [policy.visible]
+    asyncio.run(launch.cleanup())
+    assert reservations.current(env.runtime_dir) == []
+
+
+def test_a_grant_by_index_in_cudas_default_order_is_kept_as_it_is(env: JupyterEnv,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`CUDA_VISIBLE_DEVICES=2` without `CUDA_DEVICE_ORDER=PCI_BUS_ID` (Slurm's way): which card CUDA
+    counts as 2 is not nvidia-smi's to tell, so `auto` picks nothing, the kernel keeps the grant and its
+    order (no PCI_BUS_ID, which would make it another card), and its first cell says why."""
+    _fake(read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False)))), monkeypatch)
+    _spec(env, "tf-auto", Policy(growth=True), "auto")
+    environ = _kernel_environ(env, "tf-auto", CUDA_VISIBLE_DEVICES="2")
+    assert environ["CUDA_VISIBLE_DEVICES"] == "2" and "CUDA_DEVICE_ORDER" not in environ
+    assert environ[provisioner.WARNING_ENV].startswith(
+        "visible auto: the launch environment sets CUDA_VISIBLE_DEVICES='2', which names GPUs the inventory cannot place")
+    assert reservations.current(env.runtime_dir) == []
 
 
 def test_a_runtime_dir_that_refuses_the_record_does_not_stop_the_kernel(env: JupyterEnv, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -373,10 +403,14 @@ def answered_within(server: Any, path: str, seconds: float, tries: int = 5) -> b
 
 
 def test_a_grant_narrows_the_choice_unless_it_names_an_unknown_gpu() -> None:
+    """Indices are nvidia-smi's only in PCI order; a MIG instance is granted as itself, on its card."""
     inventory = read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False))))
     assert provisioner.granted_gpus(inventory, None) is inventory
-    assert provisioner.granted_gpus(inventory, "MIG-1234") is None
-    assert [g.index for g in provisioner.granted_gpus(inventory, "2,1,2").gpus] == [2, 1]
+    assert provisioner.granted_gpus(inventory, "MIG-1234").gpus == ()  # CUDA stops at a UUID no card has
+    assert provisioner.granted_gpus(inventory, "2,1,2") is None  # CUDA's default order: which cards, unknown
+    assert [g.index for g in provisioner.granted_gpus(inventory, "2,1,2", "PCI_BUS_ID").gpus] == [2, 1]
+    (mig,) = provisioner.granted_gpus(inventory, MIG_UUIDS[1][:12]).gpus
+    assert (mig.index, mig.uuid, mig.memory_total_mib) == (3, MIG_UUIDS[1], 9856)
 
 
 def test_the_policy_is_in_force_before_the_first_cell(env: JupyterEnv) -> None:

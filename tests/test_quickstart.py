@@ -13,13 +13,27 @@ NOTEBOOK = "quickstart.ipynb"
 
 @pytest.fixture(scope="module")
 def executed():
-    """The quickstart executed in an isolated kernel (venv Python); nbclient fails on any cell error."""
-    return execute(NOTEBOOK)
+    """The quickstart executed in an isolated kernel (venv Python) with TensorFlow's own log defaults,
+    as a user's kernel has them; nbclient fails on any cell error."""
+    return execute(NOTEBOOK, loud=True)
 
 
 def test_every_cell_ran_without_error_or_warning(executed):
-    """No error outputs and nothing on stderr (with TensorFlow's own logging quieted)."""
+    """No error outputs and nothing on stderr: TensorFlow's start-up lines (the oneDNN notice, the absl
+    preamble, INFO lines, whichever this CPU gives) are hidden by the notebook's `%tfgpu loglevel error`."""
     assert_quiet(executed)
+
+
+def test_the_loglevel_comes_before_the_import_and_says_why(executed):
+    """`%tfgpu loglevel error` is set before `import tensorflow` (else TensorFlow's C++ side has read
+    its level already), after a markdown line that says why."""
+    cells = executed.cells
+    at = next(i for i, cell in enumerate(cells) if cell.source.strip() == "%tfgpu loglevel error")
+    importing = next(i for i, cell in enumerate(cells) if "import tensorflow" in cell.source and cell.cell_type == "code")
+    assert at < importing and cells[at - 1].cell_type == "markdown"
+    assert "noise" in cells[at - 1].source and "before the import" in cells[at - 1].source
+    assert outputs_of(executed, "%tfgpu loglevel error") == [
+        "Applied: TF_CPP_MIN_LOG_LEVEL=2\nRecorded; the rest applies when TensorFlow is imported.\n"]
 
 
 def test_saved_without_outputs():

@@ -44,6 +44,57 @@ def test_readme_grammar_block_is_the_registry() -> None:
     assert readme_grammar_block() == directives.grammar_lines()
 
 
+def readme_block_after(words: str) -> list[str]:
+    """The lines of the README's first code block after `words`."""
+    text = README.read_text(encoding="utf-8")
+    block = re.search(re.escape(words) + r".*?\n```\n(.*?)\n```", text, re.S)
+    assert block is not None, f"README has no code block after {words!r}"
+    return block.group(1).splitlines()
+
+
+def four_gpus_started_with(environ: dict[str, str]) -> Controller:
+    """A controller on tests/fake_nvml.py's four cards, TensorFlow not imported, in a process started
+    with `environ`."""
+    from fake_nvml import FakeNvml, four_gpus
+    from fake_tf import FakeTF
+
+    from tfgpu_magic.gpus.inventory import InventoryCatalog, Nvml, read_inventory
+
+    inventory = read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False))))
+    return Controller(api=FakeTF(4, imported=False, environ=environ), environ=environ,
+                      catalog=InventoryCatalog(inventory))
+
+
+def four_gpu_status(environ: dict[str, str], *lines: str) -> list[str]:
+    """What `%tfgpu` prints after `lines` (`four_gpus_started_with`)."""
+    from tfgpu_magic.views.results import StatusResult
+    from tfgpu_magic.views.status import snapshot
+
+    ctl = four_gpus_started_with(environ)
+    ctl.edit([ctl.parse(line) for line in lines])
+    importhook.disarm()
+    return StatusResult(snapshot(ctl)).text().splitlines()
+
+
+def test_readme_status_example_is_what_the_status_prints() -> None:
+    """The README's status example is the status's real text, line for line."""
+    assert readme_block_after("the status prints:") == four_gpu_status({}, "visible auto:2", "limit 50%")
+
+
+def test_readme_grant_example_is_what_the_status_prints() -> None:
+    """The README's grant example: the refusal's words and the status lines it quotes are real."""
+    from tfgpu_magic.views.commands import run_line
+
+    shown = readme_block_after("on the fake four cards (real output):")
+    granted = {"CUDA_VISIBLE_DEVICES": "2", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    status = four_gpu_status(dict(granted), "visible auto")
+    assert [line for line in shown if line.startswith("  ")] == status[status.index(shown[-3]):][:3]
+    ctl = four_gpus_started_with(dict(granted))
+    with pytest.raises(PolicyError) as raised:
+        run_line(ctl, None, "visible 1")
+    assert shown[1] == f"UsageError: {raised.value}"
+
+
 def test_help_lists_every_usage_line_and_option() -> None:
     """`%tfgpu?` asks the magic's `getdoc()` (IPython's oinspect does, before `__doc__`)."""
     doc = TFGPUMagics.tfgpu.getdoc()
@@ -201,8 +252,8 @@ def test_every_edit_describes_its_part_and_nothing_of_an_empty_policy() -> None:
         if directive.describe is not None:
             assert directive.describe(Policy()) == []
     assert describe_policy(RICH) == [
-        "visible 0,1", "growth on", "limit 2048 MiB on GPU 1, 1024 MiB on every other visible GPU",
-        "split GPU 0 into 512 MiB + 512 MiB", "split cpu into 2 logical devices", "allocator async", "loglevel error",
+        "visible 0,1", "growth on", "limit 2GB on GPU 1, 1GB on every other visible GPU",
+        "split 0 2x512MB", "split cpu into 2 logical devices", "allocator async", "loglevel error",
     ]
 
 

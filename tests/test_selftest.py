@@ -3,6 +3,11 @@ the GPU rules skipped with their reason; a TensorFlow that ignores `set_logical_
 (a sitecustomize on PYTHONPATH, in every process) fails the split; NVML without TensorFlow still runs
 the NVML-only rules; and each GPU rule's judge, both ways, on figures the fakes produce.
 
+Bounded: an `import tensorflow` that hangs costs one timeout and skips the rest; the overall deadline;
+rows printed as decided; the selftest signalled (SIGINT, SIGTERM, SIGHUP, SIGKILL), abandoned at
+interpreter exit, or interrupted in a real kernel leaves no process; what a user's startup code prints
+neither crashes a run nor passes for a figure; a broken TensorFlow is never said to accept a policy.
+
 The GPU figures come from a fake process: the rule's own policy goes through a real `Controller` over
 tests/fake_tf.py (TensorFlow's rules decide what is in force at initialization), a card model here
 decides what the cards then show (below), tests/fake_nvml.py serves it through the inventory's
@@ -12,12 +17,15 @@ real probes do in their child processes.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -25,13 +33,19 @@ import pytest
 from fake_memory import FakeMemory
 from fake_nvml import UUIDS, FakeNvml, four_gpus
 from fake_tf import FakeTF, GpuInForce, InForce
-from kernels import QUIET_ENV, isolated_env, quiet_env, tensorflow_stays_out_of_pytest  # noqa: F401 (autouse)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kernels import QUIET_ENV, isolated_env, quiet_env, running_kernel
+from kernels import tensorflow_stays_out_of_pytest  # noqa: F401 (autouse)
+from strategies import FUZZ_EXAMPLES
 
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog, Nvml, read_inventory
 from tfgpu_magic.selftest import probes, report
 from tfgpu_magic.selftest.measure import cards
-from tfgpu_magic.selftest.run import run_outside
+from tfgpu_magic.selftest.children import TIMED_OUT, Children
+from tfgpu_magic.selftest.frames import Reader, encode, new_nonce
+from tfgpu_magic.selftest.run import run_outside, verdict_row
 from tfgpu_magic.selftest.rules import (FAIL, GPU, NVML, PASS, RULES, SKIP, TENSORFLOW, Machine, Prepared, Probe,
                                         Rule, judge_quiet_import)
 from tfgpu_magic.tf import importhook
@@ -49,15 +63,20 @@ NVML_RULES = ("nvml-inventory", "visible-auto", "limit-percent", "who")
 GPU_RULES = tuple(rule.name for rule in RULES if rule.lane == GPU)
 
 
-def selftest(tmp: Path, *args: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """`python -m tfgpu_magic selftest ARGS` with TensorFlow's own log defaults, Jupyter and IPython
-    directories under `tmp`, and `pythonpath` (a sitecustomize) when given."""
+def selftest_env(tmp: Path, pythonpath: Path | None = None) -> dict[str, str]:
+    """The environment of a selftest: TensorFlow's own log defaults, Jupyter and IPython directories
+    under `tmp`, and `pythonpath` (a sitecustomize, a fake TensorFlow) when given."""
     env = {name: value for name, value in quiet_env().items() if name not in QUIET_ENV}
     env.update(isolated_env(tmp))
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
-    return subprocess.run([sys.executable, "-m", "tfgpu_magic", "selftest", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=TIMEOUT)
+    return env
+
+
+def selftest(tmp: Path, *args: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`python -m tfgpu_magic selftest ARGS` in `selftest_env`."""
+    return subprocess.run([sys.executable, "-m", "tfgpu_magic", "selftest", *args], cwd=ROOT,
+                          env=selftest_env(tmp, pythonpath), capture_output=True, text=True, timeout=TIMEOUT)
 
 
 def rows_of(done: subprocess.CompletedProcess[str]) -> dict[str, report.Row]:
@@ -180,9 +199,7 @@ def test_with_nvml_and_without_tensorflow_the_nvml_rules_still_run(tmp_path: Pat
     """A GPU machine without TensorFlow (fake NVML at the chokepoint, no TensorFlow, in every process),
     through `run_outside`: the whole selftest in a child process, as `%tfgpu selftest` runs it."""
     (tmp_path / "sitecustomize.py").write_text(WITHOUT_TENSORFLOW)
-    env = {**{name: value for name, value in quiet_env().items() if name not in QUIET_ENV}, **isolated_env(tmp_path),
-           "PYTHONPATH": str(tmp_path)}
-    rows = {row.rule: row for row in run_outside(env)}
+    rows = {row.rule: row for row in run_outside(selftest_env(tmp_path, tmp_path))}
     for name in (*NVML_RULES, "doctor"):
         assert rows[name].verdict == PASS, rows[name]
     assert rows["visible-auto"].figures["visible"] == [UUIDS[2]]  # GPUs 1 and 2 tie on free memory; 2 is less busy
@@ -447,3 +464,385 @@ def test_the_magic_runs_it_outside_the_kernel_with_the_environment_before_the_po
     assert checks["CUDA_VISIBLE_DEVICES"] == "ok"
     assert rows["nvml-inventory"].verdict == PASS and rows["split-cpu"].verdict == SKIP
     assert table.splitlines()[-1].startswith(f"{len(RULES)} rules: 5 pass, 0 fail, {len(RULES) - 5} skip; ")
+
+
+# ----- bounded: a hanging TensorFlow, hostile startup code, interrupts, the deadline ---------------------
+HANGING_TENSORFLOW = "import time\nwhile True:  # `import tensorflow` never returns\n    time.sleep(3600)\n"
+
+BROKEN_TENSORFLOW = '''\
+"""A broken TensorFlow: it imports, runs a "first op" and lists one CPU; every other tf.config call raises."""
+__version__ = "0.0.0+broken"
+
+class _Device:
+    def __init__(self, name, device_type):
+        self.name, self.device_type = name, device_type
+
+class _Config:
+    def list_physical_devices(self, device_type=None):
+        return [_Device("/physical_device:CPU:0", "CPU")] if device_type in (None, "CPU") else []
+
+    def list_logical_devices(self, device_type=None):
+        return [_Device("/device:CPU:0", "CPU")] if device_type in (None, "CPU") else []
+
+    def __getattr__(self, name):
+        def broken(*args, **kwargs):
+            raise RuntimeError(f"this TensorFlow is broken: tf.config.{name}")
+        return broken
+
+class test:
+    is_built_with_cuda = staticmethod(lambda: False)
+
+class errors:
+    class OpError(Exception):
+        pass
+
+config = _Config()
+
+def constant(value):
+    return value
+'''
+
+HOSTILE_PRINTS = '''\
+import atexit, sys
+FIGURES = "TFGPU_SELFTEST_FIGURES "  # the marker the probes once printed their figures after
+print(FIGURES + "{not json")
+print("0123456789abcdef0123456789abcdef" + ' {"cpus": 3}')  # looks like a framed line, with some other nonce
+print("x" * 3_000_000)
+sys.stdout.write("no newline at the end of this, then a frame-like line: ")
+sys.stdout.flush()
+sys.stdout.buffer.write(bytes(range(256)) + b"\\n")
+atexit.register(print, FIGURES + '{"cpus": 3, "device_lib": 3, "session_with_config": 3, "session": 3, '
+                '"checks": [], "gpus": 0, "logical_gpus": 0, "error": null}')
+atexit.register(print, FIGURES + "[[[[" * 50_000)
+atexit.register(print, FIGURES + "{}")
+'''
+"""A user's sitecustomize that prints the probes' old marker with garbage, with an empty object, and
+(at exit, after the probe's own report) with figures a rule would pass on; in every process."""
+
+PROBE_SIGN = "_end_when_orphaned"
+"""In every probe's command line (`probes.PRELUDE`)."""
+RUNNER_SIGN = "tfgpu_magic.__main__"
+"""In the command line of `%tfgpu selftest`'s child (`run.LAUNCH`)."""
+
+
+def fake_tensorflow(root: Path, text: str) -> Path:
+    """A folder for PYTHONPATH holding a `tensorflow` package made of `text`."""
+    (root / "tensorflow").mkdir(parents=True)
+    (root / "tensorflow" / "__init__.py").write_text(text)
+    return root
+
+
+def tagged_processes(pythonpath: Path) -> dict[int, str]:
+    """Live processes whose environment has this PYTHONPATH (a test's own), wherever they are in the
+    process tree (orphans included), with their command lines; zombies are not live."""
+    tag = f"PYTHONPATH={pythonpath}".encode()
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            command = (entry / "cmdline").read_bytes().decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if tag in environ and state != "Z":
+            found[int(entry.name)] = command
+    return found
+
+
+def selftest_processes(pythonpath: Path) -> list[int]:
+    """The live probes and `%tfgpu selftest` children among `tagged_processes`."""
+    return [pid for pid, command in tagged_processes(pythonpath).items()
+            if PROBE_SIGN in command or RUNNER_SIGN in command]
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 60) -> Any:
+    end = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < end, "timed out waiting"
+        time.sleep(0.1)
+    return value
+
+
+@pytest.fixture
+def hang(tmp_path: Path) -> Iterator[Path]:
+    """A folder for PYTHONPATH whose `import tensorflow` never returns; whatever of the selftest with it
+    is still alive after the test is killed by pid."""
+    path = fake_tensorflow(tmp_path / "hang", HANGING_TENSORFLOW)
+    yield path
+    for pid in tagged_processes(path):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_hanging_tensorflow_import_costs_one_probe_timeout_and_skips_the_rest(tmp_path: Path, hang: Path) -> None:
+    """Before: every TensorFlow probe waited its full timeout after the baseline's had passed (4 timeouts
+    on 2 workers; 1201 s with the 300 s default). Now the baseline's one timeout, the rest skipped."""
+    timeout = 6
+    start = time.monotonic()
+    done = selftest(tmp_path, "--json", "--timeout", str(timeout), "--workers", "2", pythonpath=hang)
+    seconds = time.monotonic() - start
+    rows = rows_of(done)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert (rows["baseline"].verdict, rows["baseline"].why) == (FAIL, f"the probe wrote no result: it did not "
+                                                                      f"finish within {timeout} s")
+    for name in (*CPU_RULES[1:], "loglevel-error", *GPU_RULES):
+        assert rows[name].verdict == SKIP and rows[name].seconds == 0, rows[name]
+        assert rows[name].why == f"the run without a policy failed: it did not finish within {timeout} s"
+    assert rows["doctor"].verdict == PASS
+    assert seconds < 2 * timeout, seconds  # one timeout and the start; before, four of them
+    assert selftest_processes(hang) == []
+
+
+def test_the_overall_deadline_skips_what_did_not_finish(tmp_path: Path, hang: Path) -> None:
+    start = time.monotonic()
+    done = selftest(tmp_path, "--json", "--only", "split-cpu,doctor", "--deadline", "4", pythonpath=hang)
+    seconds = time.monotonic() - start
+    rows = rows_of(done)
+    assert (rows["baseline"].verdict, rows["baseline"].why) == (SKIP, "the overall deadline of 4 s passed while it ran")
+    assert rows["baseline"].seconds >= 3
+    assert (rows["split-cpu"].verdict, rows["split-cpu"].why) == (SKIP, "the overall deadline of 4 s passed before "
+                                                                        "it ran")
+    assert rows["doctor"].verdict == PASS and done.returncode == 0
+    assert seconds < 4 + 6, seconds
+    assert selftest_processes(hang) == []
+
+
+def test_text_rows_are_printed_as_each_rule_is_decided(tmp_path: Path, hang: Path) -> None:
+    """`python -m tfgpu_magic selftest`: the doctor's row is on stdout while the hanging baseline still runs."""
+    env = selftest_env(tmp_path, hang)
+    process = subprocess.Popen([sys.executable, "-m", "tfgpu_magic", "selftest", "--only", "split-cpu,doctor",
+                                "--timeout", "8"], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().startswith("tfgpu_magic selftest · Python ")
+        assert process.stdout.readline().startswith("[pass] doctor: ")
+        assert process.poll() is None and selftest_processes(hang)  # the baseline is still waiting on its import
+        rest = process.stdout.read()
+    finally:
+        process.kill()
+        process.wait()
+    assert "[fail] baseline: " in rest and "[skip] split-cpu: " in rest
+    assert rest.splitlines()[-1].startswith("3 rules: 1 pass, 1 fail, 1 skip; ")
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 128 + signal.SIGTERM),
+                                            (signal.SIGHUP, 128 + signal.SIGHUP), (signal.SIGKILL, -signal.SIGKILL)],
+                         ids=["SIGINT", "SIGTERM", "SIGHUP", "SIGKILL"])
+def test_a_stopped_selftest_leaves_no_process(tmp_path: Path, hang: Path, signum: int, status: int) -> None:
+    """The selftest's process is signalled while its probes run (a TensorFlow import that hangs). Before:
+    after SIGINT it went on waiting on them (still running 30 s later). Now it stops them and exits; even
+    killed outright (SIGKILL), each probe reads EOF on its stdin and ends its own process group."""
+    env = selftest_env(tmp_path, hang)
+    process = subprocess.Popen([sys.executable, "-m", "tfgpu_magic", "selftest", "--only", "split-cpu"], cwd=ROOT,
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: selftest_processes(hang))
+        os.kill(process.pid, signum)
+        assert process.wait(timeout=30) == status
+        stderr = process.stderr.read()
+    finally:
+        process.kill()
+        process.wait()
+    if signum == signal.SIGINT:
+        assert stderr.strip() == "tfgpu_magic selftest: interrupted; the processes it started are stopped"
+    if signum != signal.SIGKILL:
+        assert selftest_processes(hang) == []  # at once: stopped before the selftest exited
+    assert wait_for(lambda: not selftest_processes(hang), timeout=5)
+
+
+ABANDONED = """\
+import atexit, glob, threading, time
+
+def children():
+    return [int(pid) for name in glob.glob("/proc/self/task/*/children") for pid in open(name).read().split()]
+
+def alive(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+probes = []
+atexit.register(lambda: print("left at exit:", sum(map(alive, probes)), flush=True))
+from tfgpu_magic.selftest.run import selftest  # registers its exit handler after (so it runs before) the one above
+threading.Thread(target=selftest, kwargs={"only": ["split-cpu"]}, daemon=True).start()
+while not probes:
+    time.sleep(0.1)
+    probes[:] = children()
+time.sleep(0.5)
+print("probes running:", sum(map(alive, probes)), flush=True)
+"""
+
+
+def test_at_interpreter_exit_the_probes_are_stopped(tmp_path: Path, hang: Path) -> None:
+    """A selftest left running in a thread when the interpreter exits: its probes are stopped by the
+    exit handler, while this process still lives (not by the EOF backstop after it)."""
+    env = selftest_env(tmp_path, hang)
+    done = subprocess.run([sys.executable, "-c", ABANDONED], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.splitlines() == ["probes running: 1", "left at exit: 0"], done.stderr[-2000:]
+    assert selftest_processes(hang) == []
+
+
+def test_a_probe_that_ignores_sigterm_and_leaves_a_child_is_killed_with_its_group() -> None:
+    """`Children.run`: on timeout SIGTERM to the group, SIGKILL after the grace; a process the probe
+    started goes with it, and one left behind by a probe that exited is killed too."""
+    stubborn = ("import json, signal, subprocess, sys, time\n"
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],"
+                " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+                "print('\\n' + sys.argv[1] + ' ' + json.dumps({'pid': child.pid}), flush=True)\n")
+    for end, timeout, cut in (("time.sleep(600)", 2.0, TIMED_OUT), ("", 30.0, None)):
+        children = Children(grace=1.0)
+        nonce = new_nonce()
+        start = time.monotonic()
+        done = children.run([sys.executable, "-c", stubborn + end, nonce], os.environ, timeout, Reader(nonce))
+        seconds = time.monotonic() - start
+        grandchild = done.reader.frames[0]["pid"]
+        assert done.cut == cut and seconds < timeout + 1.0 + 1.5, (done, seconds)
+        assert done.returncode == (-signal.SIGKILL if cut else 0)
+        assert wait_for(lambda: not alive(grandchild), timeout=5)
+        children.close()
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_the_kernel_interrupt_stops_every_process_and_rows_arrive_as_decided(tmp_path: Path, hang: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """`%tfgpu selftest` in a real kernel with a TensorFlow import that hangs. Before: the interrupt left
+    probes orphaned to pid 1, still running; and with the default timeouts the cell held the kernel
+    1201 s. Now: the rows come as they are decided (the doctor's long before the cell ends), the cell
+    ends after the baseline's one timeout, and after an interrupt no process of the selftest is left."""
+    monkeypatch.setenv("PYTHONPATH", str(hang))
+    with running_kernel() as kernel:
+        kernel.ok("%load_ext tfgpu_magic\nimport tfgpu_magic.selftest.run as run\nrun.PROBE_TIMEOUT = 8")
+        start = time.monotonic()
+        outputs = timed_outputs(kernel, "%tfgpu selftest")
+        seconds = time.monotonic() - start
+        lines = [(at, line) for at, kind, text in outputs if kind == "stdout" for line in text.splitlines()]
+        doctor = next(at for at, line in lines if line.startswith("[pass] doctor"))
+        baseline = next(at for at, line in lines if line.startswith("[fail] baseline"))
+        assert doctor < baseline - 3 and baseline < seconds
+        assert any(kind == "html" and "tfgpu-selftest" in text for _, kind, text in outputs)
+        assert 8 <= seconds < 16, seconds
+        assert selftest_processes(hang) == []
+
+        kernel.ok("run.PROBE_TIMEOUT = 120")
+        kernel.client.execute("%tfgpu selftest")
+        wait_for(lambda: [pid for pid in selftest_processes(hang)
+                          if PROBE_SIGN in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")])
+        interrupted = time.monotonic()
+        kernel.manager.interrupt_kernel()
+        reply = kernel.client.get_shell_msg(timeout=60)
+        assert (reply["content"]["status"], reply["content"].get("ename")) == ("error", "KeyboardInterrupt")
+        assert time.monotonic() - interrupted < 10
+        assert selftest_processes(hang) == []
+        kernel.ok("1")
+
+
+def timed_outputs(kernel, code: str, timeout: float = 90) -> list[tuple[float, str, str]]:
+    """Execute `code`; (seconds since, kind, text) of each output as it arrives: kind is the stream name,
+    or "html" for a display's HTML."""
+    start = time.monotonic()
+    outputs: list[tuple[float, str, str]] = []
+
+    def collect(msg: dict) -> None:
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            outputs.append((time.monotonic() - start, content["name"], content["text"]))
+        elif kind in ("display_data", "execute_result") and "text/html" in content["data"]:
+            outputs.append((time.monotonic() - start, "html", content["data"]["text/html"]))
+
+    reply = kernel.client.execute_interactive(code, timeout=timeout, output_hook=collect, allow_stdin=False)
+    assert reply["content"]["status"] == "ok", outputs
+    return outputs
+
+
+def test_what_a_users_startup_code_prints_neither_crashes_the_run_nor_passes_for_a_figure(tmp_path: Path) -> None:
+    """A sitecustomize prints the probes' old marker with garbage, a framed-looking line, 3 MB without a
+    break, raw bytes, and at exit (after the probe's own report) figures on which `split-cpu` would pass,
+    in every process, and TensorFlow ignores the split. Before: `KeyError`/`JSONDecodeError` ended the
+    run, or the last line at exit was taken as the figures. Now the split fails as measured (1 CPU)."""
+    (tmp_path / "sitecustomize.py").write_text(HOSTILE_PRINTS + SABOTAGE)
+    rows = {row.rule: row for row in run_outside(selftest_env(tmp_path, tmp_path), only=["split-cpu"])}
+    assert list(rows) == ["baseline", "split-cpu"] and rows["baseline"].verdict == PASS
+    assert (rows["split-cpu"].verdict, rows["split-cpu"].measured) == (FAIL, "1")
+    assert rows["split-cpu"].figures["cpus"] == 1
+
+
+def test_startup_prints_leave_the_nvml_rules_and_the_doctor_as_they_are(tmp_path: Path) -> None:
+    """The same prints with fake NVML and no TensorFlow: the doctor's row (before: `KeyError: 'checks'`)."""
+    (tmp_path / "sitecustomize.py").write_text(WITHOUT_TENSORFLOW + HOSTILE_PRINTS)
+    rows = {row.rule: row for row in run_outside(selftest_env(tmp_path, tmp_path))}
+    for name in (*NVML_RULES, "doctor"):
+        assert rows[name].verdict == PASS, rows[name]
+    assert rows["doctor"].figures["checks"]
+
+
+def test_a_broken_tensorflow_is_never_said_to_accept_the_policy(tmp_path: Path) -> None:
+    """A TensorFlow whose tf.config calls raise (but which lists one CPU). Before: `split-cpu` and
+    `same-cell` said "TensorFlow accepted the policy". Now each row says only what it measured, and
+    what tfgpu_magic said."""
+    broken = fake_tensorflow(tmp_path / "broken", BROKEN_TENSORFLOW)
+    done = selftest(tmp_path, "--json", "--only", "split-cpu,same-cell,visible-none,device-routes,locked",
+                    pythonpath=broken)
+    rows = rows_of(done)
+    assert rows["baseline"].verdict == PASS and "0.0.0+broken" in rows["baseline"].measured
+    for name, count in (("split-cpu", 3), ("same-cell", 2)):
+        assert rows[name].verdict == FAIL and rows[name].measured == "1"
+        assert rows[name].why.startswith(f"TensorFlow lists 1 logical CPU(s) after the policy, not {count} (the "
+                                         "process said: "), rows[name]
+        assert "could not apply the GPU policy on import: this TensorFlow is broken: tf.config." in rows[name].why
+    for name in ("device-routes", "locked"):
+        assert rows[name].verdict == FAIL and rows[name].why.startswith("the probe wrote no result: exit status 1: ")
+    assert not [row for row in rows.values() if "accept" in row.why], rows
+
+
+def test_a_cell_that_raised_counts_no_cpu() -> None:
+    outcome = BY_NAME["same-cell"].judge(Probe({"cpus": None, "error": "RuntimeError: broken"}), Prepared(),
+                                         gpu_machine())
+    assert outcome == (FAIL, "the cell raised an error, so no logical CPU was counted", "2 logical CPUs",
+                       "error in the cell: RuntimeError: broken")
+
+
+def test_figures_a_judge_cannot_read_fail_that_rule_only() -> None:
+    row = verdict_row(BY_NAME["split-cpu"], Prepared(("split cpu 3",)), Probe({"gpus": 0}, (), 1.0), gpu_machine())
+    assert (row.verdict, row.why) == (FAIL, "the probe's figures are not what this rule reads (KeyError: 'cpus')")
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None)
+@given(noise=st.lists(st.binary(max_size=300) | st.sampled_from([b"\n", b"NONCE", b"NONCE ", b"NONCE {", b"{}\n",
+                                                                 b'NONCE {"a": 1}\n', b"NONCE [1]\n"]), max_size=30),
+       cuts=st.lists(st.integers(1, 64), max_size=40))
+def test_the_frame_reader_takes_only_its_own_whole_lines(noise: list[bytes], cuts: list[int]) -> None:
+    """Any noise before, between and after two frames, fed in chunks of any size: exactly the two
+    frames come out, in order, and nothing raises."""
+    nonce = new_nonce()
+    data = b"".join(noise) + encode(nonce, {"first": [1, "é"]}) + b"".join(noise) + encode(nonce, {"second": None})
+    data += b"".join(noise) + nonce.encode() + b' {"unfinished": true}'  # no newline: the stream ended mid-line
+    reader = Reader(nonce, limit=10_000)
+    chunks, at = [], 0
+    for cut in cuts + [len(data)]:
+        chunks.append(data[at:at + cut])
+        at += cut
+    for chunk in chunks:
+        reader.feed(chunk)
+    assert reader.frames == [{"first": [1, "é"]}, {"second": None}]
+
+
+def test_framed_lines_that_are_not_objects_or_too_long_are_refused_with_why() -> None:
+    nonce = new_nonce()
+    reader = Reader(nonce, limit=200_000)
+    for payload in (b"[1]", b"{not json", b"[" * 100_000, b'{"a": "' + b"x" * 300_000 + b'"}', b"\xff\xfe{}"):
+        reader.feed(b"\n" + nonce.encode() + b" " + payload + b"\n")
+    assert reader.frames == [] and reader.rejected == [
+        "a framed line holding a JSON list, not an object", "a framed line that is not JSON (JSONDecodeError)",
+        "a framed line that is not JSON (RecursionError)", "a framed line longer than 200000 bytes",
+        "a framed line that is not JSON (UnicodeDecodeError)"]

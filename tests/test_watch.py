@@ -98,7 +98,7 @@ def test_the_peak_is_the_cells_own(ipshell: InteractiveShell) -> None:
     ipshell.run_cell("mem.allocate('GPU:1', 900 * MIB); mem.free('GPU:1', 900 * MIB)")
     ipshell.run_cell("mem.allocate('GPU:1', 100 * MIB); mem.free('GPU:1', 100 * MIB)")
     lines = out.getvalue().splitlines()
-    assert lines[0].startswith("tfgpu watch: GPU 1: cell peak 900 MiB, held 0 KiB (+0 KiB), tensors +0 KiB")
+    assert lines[0].startswith("tfgpu watch: GPU 1: cell peak 900 MiB, held 0 MiB (+0 MiB), tensors +0 MiB")
     assert lines[1].startswith("tfgpu watch: GPU 1: cell peak 100 MiB")
 
 

@@ -177,7 +177,7 @@ def test_shutdown_needs_yes_and_goes_to_the_owning_server(setup: Setup) -> None:
 FAKE_FIELDS: dict[str, Any] = {
     "pid": 7, "user": "me", "kernel_id": "k-123", "notebook": "x.ipynb", "tensorflow": True,
     "gpu_memory": {0: 3 * 1024 * MIB}, "idle_seconds": 7200.0, "this": False, "state": "idle",
-    "placed": None, "mine": True, "is_kernel": True}
+    "placed": None, "mine": True, "is_kernel": True, "host_pid": False, "tensorflow_figure": False}
 
 
 def _fake_row(**changes: Any) -> holders.Holder:
@@ -193,6 +193,42 @@ def test_an_idle_own_kernel_holding_a_gpu_gets_a_shutdown_hint_and_others_only_u
     assert "  pid 8 · bob · 3.0 GiB" in text.splitlines()
     busy = who_view.render([_fake_row(state="busy", idle_seconds=None)], inventory)
     assert "--shutdown" not in busy and "busy" in busy
+
+
+def test_host_pids_are_memory_only_and_the_fix_is_said_once() -> None:
+    """Rows as `who` makes them in a container of its own pid namespace (tests/test_pid_namespace.py
+    makes a real one): NVML's pids shown as host pids, this user's kernels apart, the fix once, and an
+    idle kernel's hint although its memory is unknown."""
+    inventory = read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False))))
+    rows = [holders.host_row(31, {0: 5000 * MIB}), holders.host_row(31314, {0: 7000 * MIB, 1: None}),
+            _fake_row(pid=31, gpu_memory={}), _fake_row(pid=40, kernel_id="k-here", gpu_memory={}, this=True)]
+    text = who_view.render(rows, inventory)
+    lines = text.splitlines()
+    assert text.count(who_view.HOST_PIDS) == 1 and "docker run --pid=host" in text and "hostPID: true" in text
+    gpu0 = lines.index(next(line for line in lines if line.startswith("GPU 0 ")))
+    assert lines[gpu0 + 1:gpu0 + 3] == ["  host pid 31 · 4.9 GiB", "  host pid 31314 · 6.8 GiB"]
+    assert "  host pid 31314 · memory unknown" in lines
+    mine = lines.index("Your kernels (their TensorFlow reports no GPU memory):")
+    assert lines[mine + 1].startswith("  pid 31 · me · x.ipynb") and lines[mine + 2].endswith("← this kernel")
+    assert "Kernel k-123 (x.ipynb) is idle 2h00m" in text
+    assert who_view.UNSEEN_PIDS.split("{")[0] not in text
+
+
+def test_pids_nvml_lists_but_proc_does_not_show_get_a_hint_only() -> None:
+    inventory = read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False))))
+    gone = _fake_row(pid=31314, user=None, kernel_id=None, notebook=None, tensorflow=None, mine=False,
+                     idle_seconds=None, state=None, is_kernel=False)
+    text = who_view.render([gone, _fake_row()], inventory)
+    assert "NVML lists pid 31314, which /proc here does not show: a process that has just ended" in text
+    assert "  pid 31314 · ? · 3.0 GiB" in text.splitlines() and who_view.HOST_PIDS not in text
+    assert "Your kernels on no GPU" not in text
+
+
+def test_a_stale_reading_is_shown_with_its_warning_first() -> None:
+    inventory = read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False))))
+    stale = inventory._replace(stale_seconds=14.0, blocked_seconds=12.0, warning="the NVIDIA driver is not answering")
+    assert who_view.render([_fake_row()], stale).splitlines()[:2] == [
+        "Note: the NVIDIA driver is not answering.", who_view.render([_fake_row()], inventory).splitlines()[0]]
 
 
 def test_a_shutdown_without_a_notebook_names_the_kernel_only() -> None:
@@ -266,3 +302,41 @@ def test_proc_files_are_capped_and_a_fifo_is_not_waited_on(tmp_path: Path, monke
                      daemon=True).start()
     assert done.wait(5) and result == [b""]
     assert stat.S_ISFIFO(os.stat(proc / "5" / "fifo").st_mode)
+
+
+def test_in_a_container_a_kernel_shows_the_memory_its_tensorflow_publishes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With NVML's pids the host's, a kernel of this user (found by its command line) is listed with what
+    its published state says TensorFlow's tensors use, labelled so; NVML's pids stay host pids."""
+    import subprocess
+    import sys
+
+    from tfgpu_magic.jupyter import kernelstate
+    from tfgpu_magic.language.policy import Policy
+
+    kernel_id = "7a0b1c2d-1111-4222-8333-444455556666"
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "ipykernel_launcher", "-f",
+                                str(tmp_path / f"kernel-{kernel_id}.json")])
+    try:
+        wait_until(lambda: processes.runs_kernel(process.pid, kernel_id), 30, "the kernel's command line")
+        inventory = read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False))))
+        record = {"format": kernelstate.FORMAT, "kernel_id": kernel_id, "pid": process.pid, "written": 1.0,
+                  "policy": kernelstate.policy_record(Policy()),
+                  "tensorflow": {"state": "initialized", "cuda_started": True, "initialized_by": None,
+                                 "memory": [{"device": "GPU:0", "card": inventory.gpus[3].uuid,
+                                             "current": 3 * 1024 * MIB, "peak": 4 * 1024 * MIB}]},
+                  "pending": [], "restart_needed": False, "keep": False}
+        path = kernelstate.state_path(kernel_id, tmp_path)
+        path.write_text(json.dumps(record))
+        path.chmod(0o600)
+        monkeypatch.setattr(processes, "foreign_pid_namespace", lambda: True)
+        rows = holders.who(inventory, tmp_path)
+        mine = _row(rows, process.pid)
+        assert mine.gpu_memory == {3: 3 * 1024 * MIB} and mine.tensorflow_figure and not mine.host_pid
+        assert all(row.host_pid for row in rows if row.pid == OTHER_PID)
+        text = who_view.render(rows, inventory)
+        assert f"pid {process.pid} · " in text and "3.0 GiB (TensorFlow's figure)" in text
+        assert text.count("docker run --pid=host") == 1
+    finally:
+        process.kill()
+        process.wait(10)

@@ -12,18 +12,19 @@ from typing import TYPE_CHECKING, Callable, Iterable, MutableMapping, NamedTuple
 
 from .tf import importhook
 from .errors import PolicyError
-from .gpus.inventory import Inventory, InventoryCatalog, cached_inventory
-from .tf.envvars import CUDA_VISIBLE_DEVICES, NAMES
+from .gpus.cudaenv import Grant, GrantedCatalog, grant_of
+from .gpus.inventory import Inventory, InventoryCatalog
+from .tf.envvars import ALLOCATOR_CREATION, CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, NAMES, read_at
 from .tf.plan import Plan, build_plan, gpu_refs, uses_gpu_settings
 from .language.policy import ALL_GPUS, Policy, is_index
-from .tf.apply import (ApplyReport, Change, Recorded, any_logical_recorded, apply_plan, env_changes, pending_changes,
-                       recorded_settings, session_config)
+from .tf.apply import (ApplyReport, Pending, Recorded, any_logical_recorded, apply_plan, env_changes,
+                       pending_changes, recorded_settings, session_config)
 from .tf.configapi import ConfigAPI, TensorFlowConfig
 from .tf.routes import install_routes
-from .tf.runtime import RuntimeState, current_shell, too_late
+from .tf.runtime import RuntimeState, too_late
 
 if TYPE_CHECKING:  # the grammar loads at the first edit: a restarted kernel applies a stored policy without it
-    from .language.grammar import Edit, GpuCatalog
+    from .language.grammar import Edit
 
 
 class ListedGpu(NamedTuple):
@@ -53,11 +54,12 @@ class Controller:
         self,
         api: ConfigAPI | None = None,
         environ: MutableMapping[str, str] | None = None,
-        catalog: GpuCatalog | None = None,
+        catalog: InventoryCatalog | None = None,
     ) -> None:
         self.api: ConfigAPI = api or TensorFlowConfig()
         self.environ = os.environ if environ is None else environ
-        self.catalog: GpuCatalog = catalog if catalog is not None else InventoryCatalog()
+        self.catalog = GrantedCatalog(catalog if catalog is not None else InventoryCatalog(), self.grant)
+        """The GPUs a policy may name: the inventory's, inside this process's grant (`grant`)."""
         self.policy = Policy()
         self.last_report: ApplyReport | None = None
         self.on_import_failure: Callable[[ApplyReport], None] | None = None
@@ -69,8 +71,14 @@ class Controller:
 
     def inventory(self) -> Inventory:
         """The GPU inventory this controller's GPU references resolve against (NVML, cached)."""
-        inventory = getattr(self.catalog, "inventory", None)
-        return inventory if isinstance(inventory, Inventory) else cached_inventory()
+        return self.catalog.inventory
+
+    def grant(self) -> Grant:
+        """The GPUs this process was started with: `CUDA_VISIBLE_DEVICES` (and `CUDA_DEVICE_ORDER`) as
+        they were before this tool set them, placed on the inventory's cards (read only where there is
+        a grant). A policy stays inside it; `Grant.granted_cards()` is what `who` marks."""
+        value = self._inherited(CUDA_VISIBLE_DEVICES)
+        return grant_of(value, self._inherited(CUDA_DEVICE_ORDER), self.inventory() if value is not None else None)
 
     # ----- what the views read --------------------------------------------------------------
     def subscribe(self, listener: Callable[[Controller], None]) -> None:
@@ -92,18 +100,16 @@ class Controller:
         state = state or self.state()
         return recorded_settings(self.api) if state.imported else None
 
-    def pending(self, state: RuntimeState | None = None) -> list[tuple[str, list[Change]]]:
-        """Settings TensorFlow has not taken yet, as (title, changes) groups: those only a restart can
-        make, and those `%tfgpu apply` still can (the views word them). Empty before CUDA started
-        (nothing to compare)."""
+    def pending(self, state: RuntimeState | None = None) -> list[Pending]:
+        """Settings TensorFlow has not taken yet: those only a restart can make first, then those
+        `%tfgpu apply` still can (the views word them). Empty before CUDA started (nothing to compare)."""
         state = state or self.state()
         if not (state.devices_listed or state.devices_created):
             return []
         steps, _ = pending_changes(self.plan(state), self.api)
-        restart = [step.change for step in steps if state.initialized or step.needs_restart]
-        apply = [step.change for step in steps if not (state.initialized or step.needs_restart)]
-        groups = [("Pending, needs a restart", restart), ("Not applied yet (`%tfgpu apply`)", apply)]
-        return [(title, items) for title, items in groups if items]
+        found = [Pending(step.change, step.change.why or ("initialized" if state.initialized else "no_call"), True)
+                 if state.initialized or step.needs_restart else Pending(step.change, None, False) for step in steps]
+        return sorted(found, key=lambda item: not item.needs_restart)
 
     def gpus(self) -> tuple[list[ListedGpu], str]:
         """The GPUs to list (NVML's, else TensorFlow's once imported), and a one-line reason when there
@@ -163,7 +169,7 @@ class Controller:
         edits = list(edits)
         policy = self._edited(self.policy, edits)
         try:
-            return self.set_policy(policy)
+            return self.set_policy(policy, {field for edit in edits for field, _ in edit.changes})
         except PolicyError as err:
             if self.policy is policy:  # raised after the policy was taken: not about these edits
                 raise
@@ -188,18 +194,21 @@ class Controller:
                 raise PolicyError(f"line {edit.line}: {err}" if edit.line else str(err)) from None
         return policy
 
-    def set_policy(self, policy: Policy) -> ApplyReport:
+    def set_policy(self, policy: Policy, fields: Iterable[str] | None = None) -> ApplyReport:
         """Replace the desired policy (validated first) and apply it as far as TensorFlow allows.
-        Where TensorFlow lacks the GPUs, the report names the GPU settings this change asked for."""
+        Where TensorFlow lacks the GPUs, the report names the GPU settings this change asked for: those
+        of the policy `fields` the edits set (a directive given again asks again), by default those that
+        differ from the policy before."""
         policy.validate(self._aliases(policy))
         before, self.policy = self.policy, policy
         report = self.apply()
         if report.absent:
             from .language.directives import gpu_asks
 
-            names = self.catalog.uuid_to_index()
-            asked = gpu_asks(before, names)
-            report.gpu_edits = [phrase for phrase in gpu_asks(policy, names) if phrase not in asked]
+            if fields is None:
+                fields = [name for name, value in vars(policy).items() if getattr(before, name) != value]
+            asked = Policy().edited(**{name: getattr(policy, name) for name in {*fields, "limits_written"}})
+            report.gpu_edits = gpu_asks(asked, self.catalog.uuid_to_index())
         for listener in list(self.listeners):
             listener(self)
         return report
@@ -226,7 +235,7 @@ class Controller:
         anyway, it asks TensorFlow whether a logical-device configuration is already recorded."""
         state = state or self.state()
         recorded = self._may_look(state, probe) and any_logical_recorded(self.api)
-        inherited = self.environ.get(CUDA_VISIBLE_DEVICES) if state.cuda_fixed else self._inherited_cvd()
+        inherited = self.environ.get(CUDA_VISIBLE_DEVICES) if state.cuda_fixed else self._inherited(CUDA_VISIBLE_DEVICES)
         plan = build_plan(self.policy, inherited, cuda_started=state.cuda_fixed, aliases=self._aliases(self.policy),
                           logical_recorded=recorded)
         return plan._replace(locked_env=tuple(self._locked_env(plan, state)))
@@ -241,17 +250,17 @@ class Controller:
         return self.catalog.uuid_to_index() if any(not is_index(ref) for ref in gpu_refs(policy)) else None
 
     def export_plan(self) -> Plan:
-        """The plan for a fresh process with this machine's GPUs and inherited `CUDA_VISIBLE_DEVICES`
-        (made explicit, since GPU indices depend on it): what `%tfgpu export` writes out."""
-        inherited = self._inherited_cvd()
+        """The plan for a fresh process with this machine's GPUs and the inherited grant
+        (`CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER`, made explicit, since GPU indices depend on
+        them): what `%tfgpu export` writes out."""
         plan = self._fresh_plan()
-        if inherited is not None and CUDA_VISIBLE_DEVICES not in plan.env_map:
-            plan = plan._replace(env=(*plan.env, (CUDA_VISIBLE_DEVICES, inherited)))
-        return plan
+        inherited = [(name, value) for name in (CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES)
+                     if (value := self._inherited(name)) is not None and name not in plan.env_map]
+        return plan._replace(env=(*plan.env, *inherited)) if inherited else plan
 
     def _fresh_plan(self) -> Plan:
         """The plan for the policy in a process where CUDA has not started yet."""
-        return build_plan(self.policy, self._inherited_cvd(), aliases=self._aliases(self.policy))
+        return build_plan(self.policy, self._inherited(CUDA_VISIBLE_DEVICES), aliases=self._aliases(self.policy))
 
     def apply(self) -> ApplyReport:
         """Apply the policy now as far as TensorFlow allows; arm the import hook if TF is not loaded.
@@ -293,9 +302,8 @@ class Controller:
         if not report.ok and self.on_import_failure is not None:
             self.on_import_failure(report)
 
-    def _inherited_cvd(self) -> str | None:
-        """`CUDA_VISIBLE_DEVICES` as it was before this tool set it."""
-        name = CUDA_VISIBLE_DEVICES
+    def _inherited(self, name: str) -> str | None:
+        """Variable `name` as it was before this tool set it."""
         return self._original_env[name] if name in self._original_env else self.environ.get(name)
 
     def _env_diff(self, plan: Plan) -> list[tuple[str, str | None, str | None]]:
@@ -322,9 +330,20 @@ class Controller:
         that still wants them: those are not restores.)"""
         wanted = plan.env_map
         late = [(name, current, target, why) for name, current, target in self._env_diff(plan)
-                if (why := too_late(name, state))]
+                if (why := self._too_late(name, state))]
         fresh = self._fresh_plan().env_map if any(name not in wanted for name, *_ in late) else {}
         return [change for change in late if change[0] in wanted or change[0] not in fresh]
+
+    def _too_late(self, name: str, state: RuntimeState) -> str | None:
+        """Why a change of variable `name` no longer takes effect (`runtime.too_late`), None while it
+        does. A variable read when TensorFlow creates a GPU allocator is never too late where TensorFlow
+        listed its devices and found no GPU: no allocator will be created in this process, so it is set
+        like any other (what this process starts inherits it) and never waits for a restart, which
+        would not help it."""
+        why = too_late(name, state)
+        if why and read_at(name) == ALLOCATOR_CREATION and state.devices_listed and not self.api.devices("GPU"):
+            return None
+        return why
 
     def _sync_env(self, plan: Plan, state: RuntimeState) -> list[str]:
         """Set our variables as the plan says, restore those it no longer needs; returns what changed.
@@ -335,7 +354,7 @@ class Controller:
             importhook.quiet(plan.loglevel)
         changed = []
         for name, current, target in self._env_diff(plan):
-            if too_late(name, state):
+            if self._too_late(name, state):
                 continue
             self._original_env.setdefault(name, current)
             if target is None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from .gpus.cudaenv import parse_cuda_visible
-from .gpus.inventory import NO_BINDING, Gpu, Inventory, Nvml, shared_nvml
+from .gpus.inventory import NO_BINDING, NOT_ANSWERING, Gpu, Inventory, Nvml, shared_nvml
 from .gpus.processes import MAPS_BYTES, read_capped
 from .language.policy import Policy
 from .tf.envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR
@@ -182,17 +182,23 @@ def _read_text(path: str) -> str:
 
 
 def read_compute_capabilities(inventory: Inventory, nvml: Nvml | None = None) -> dict[int, tuple[int, int]]:
-    """Each GPU's compute capability through the inventory's NVML chokepoint (None-safe)."""
+    """Each GPU's compute capability through the inventory's NVML chokepoint (None-safe), within its
+    deadline ({} past it)."""
     if not inventory.available or not inventory.gpus:
         return {}
-    nvml = nvml or shared_nvml()
-    found = {}
-    for gpu in inventory.gpus:
-        handle = nvml.call("nvmlDeviceGetHandleByIndex", gpu.index)
-        pair = nvml.call("nvmlDeviceGetCudaComputeCapability", handle) if handle is not None else None
-        if isinstance(pair, (tuple, list)) and len(pair) == 2:
-            found[gpu.index] = (int(pair[0]), int(pair[1]))
-    return found
+    session = nvml or shared_nvml()
+
+    def read() -> dict[int, tuple[int, int]]:
+        found = {}
+        for gpu in inventory.gpus:
+            handle = session.call("nvmlDeviceGetHandleByIndex", gpu.index)
+            pair = session.call("nvmlDeviceGetCudaComputeCapability", handle) if handle is not None else None
+            if isinstance(pair, (tuple, list)) and len(pair) == 2:
+                found[gpu.index] = (int(pair[0]), int(pair[1]))
+        return found
+
+    answer = session.run(read, "compute capabilities")  # bounded like every NVML read: unknown past it
+    return answer.value if answer.done else {}
 
 
 def _has_tensorflow(python: str) -> bool | None:
@@ -402,7 +408,18 @@ def _check_compute_capability(m: Machine) -> Check | None:
     return Check("GPU architecture", OK, detail)
 
 
+WEDGED_FIX = ("run `nvidia-smi` in a terminal: if it hangs too, the driver is wedged, and `sudo dmesg | grep -i xid` "
+              "shows the GPU error that did it; only a GPU reset (`sudo nvidia-smi -r -i N`, with no process on that "
+              "card) or a reboot clears it: ask the machine's admin")
+"""A driver stuck in the kernel answers nothing until the GPU is reset or the machine rebooted
+(https://github.com/leptonai/gpud/pull/117: nvidia-smi in state D after Xid 45)."""
+
+
 def _check_nvml(m: Machine) -> Check:
+    if m.inventory.blocked_seconds is not None:
+        shown = f"; the GPU figures shown are {m.inventory.stale_seconds:.0f} s old" if m.inventory.stale else ""
+        return Check("NVIDIA driver / NVML", FAIL, f"{NOT_ANSWERING}: an NVML call has waited "
+                     f"{m.inventory.blocked_seconds:.0f} s{shown}", WEDGED_FIX)
     if not m.inventory.available:
         missing_binding = m.inventory.error == NO_BINDING
         fix = "pip install nvidia-ml-py" if missing_binding else (

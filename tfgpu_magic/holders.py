@@ -3,9 +3,12 @@
 Three sources, each read without touching the processes: NVML (who holds memory on which card),
 /proc (owner, the kernel's connection file, whether TensorFlow is mapped: `gpus.processes`), and
 the sessions of this user's own Jupyter servers (notebook path, last activity:
-`jupyter.sessions`). Other users' processes show their user and memory only. Nothing is ever
-shut down by itself; `shutdown` asks the owning server, only when told `yes`. The rows (`Holder`)
-and what `shutdown` did (`ShutDown`) are worded by `views.who`.
+`jupyter.sessions`). Other users' processes show their user and memory only. In a container with a
+pid namespace of its own, NVML's pids (the host's) are never matched to processes here: those rows
+are memory only (`host_pid`), and this user's kernels are listed apart, with the GPU memory their
+TensorFlow publishes (`jupyter.kernelstate`: its allocator's figure, where a server started them).
+Nothing is ever shut down by itself; `shutdown` asks the owning server, only when told `yes`. The
+rows (`Holder`) and what `shutdown` did (`ShutDown`) are worded by `views.who`.
 (Not named `who.py`: importing a submodule `tfgpu_magic.who` would replace the function
 `tfgpu_magic.who` with the module.)
 """
@@ -32,7 +35,8 @@ class Holder(NamedTuple):
     tensorflow: bool | None
     """TensorFlow's library mapped; None: not readable (another user's)."""
     gpu_memory: dict[int, int | None]
-    """GPU index → bytes (None where NVML cannot tell); {} without NVML."""
+    """GPU index → bytes (None where NVML cannot tell); {} without NVML, and for a process of ours
+    where NVML's pids are the host's (see `host_pid`)."""
     idle_seconds: float | None
     this: bool
     """The process asking."""
@@ -44,6 +48,12 @@ class Holder(NamedTuple):
     """This user's."""
     is_kernel: bool
     """This user's and started with a connection file."""
+    host_pid: bool = False
+    """`pid` is NVML's, as the host numbers it, seen from a pid namespace of our own (a container):
+    matched to no process here, so the row is its memory only."""
+    tensorflow_figure: bool = False
+    """`gpu_memory` is what the kernel's TensorFlow says its tensors use (its published state), not
+    NVML's figure for the process: where NVML's pids are the host's."""
 
     def as_dict(self) -> dict[str, Any]:
         """The public form: a plain dict with its own copy of `gpu_memory`."""
@@ -58,13 +68,15 @@ class ShutDown(NamedTuple):
 
 
 def who(inventory: Inventory | None = None, runtime_dir: Path | None = None) -> list[Holder]:
-    """One row per process that is a Jupyter kernel of this user or holds GPU memory, by pid."""
+    """One row per process that is a Jupyter kernel of this user or holds GPU memory, by pid (in a
+    container of its own pid namespace: NVML's host pids first, then this user's kernels)."""
     from .gpus import inventory as gpu_inventory
     from .gpus import processes, reservations
     from .jupyter import persist, sessions
 
     found = inventory if inventory is not None else gpu_inventory.cached_inventory()
     directory = runtime_dir or persist.runtime_dir()
+    foreign = processes.foreign_pid_namespace() is True
     memory: dict[int, dict[int, int | None]] = {}
     for gpu in found.gpus if found.available else ():
         for process in gpu.processes:
@@ -77,27 +89,48 @@ def who(inventory: Inventory | None = None, runtime_dir: Path | None = None) -> 
     known = sessions.kernel_sessions(directory) if mine else {}
     placed = {r.kernel_pid: r.why for r in reservations.current(directory) if r.kernel_pid is not None}
     me = os.getuid() if hasattr(os, "getuid") else None
-    rows: list[Holder] = []
-    for pid in sorted(set(memory) | set(mine)):
+    rows = [host_row(pid, held) for pid, held in sorted(memory.items())] if foreign else []
+    for pid in sorted(set(mine) if foreign else set(memory) | set(mine)):
         info = mine.get(pid) or processes.describe(pid)
         own = info.uid is not None and info.uid == me
         kernel_id = info.kernel_id if own else None
         session = known.get(kernel_id) if kernel_id else None
+        figures = _tensorflow_figures(info, found) if foreign and kernel_id else {}
         rows.append(Holder(
             pid=pid,
             user=info.user,
             kernel_id=kernel_id,
             notebook=session.notebook if session else None,
             tensorflow=info.tensorflow if own else None,
-            gpu_memory=memory.get(pid, {}),
+            gpu_memory=figures if foreign else memory.get(pid, {}),
             idle_seconds=session.idle_seconds() if session else None,
             this=pid == os.getpid(),
             state=session.execution_state if session else None,
             placed=placed.get(pid) if own else None,
             mine=own,
             is_kernel=own and info.is_kernel,
+            tensorflow_figure=bool(figures),
         ))
     return rows
+
+
+def _tensorflow_figures(info: Any, inventory: Inventory) -> dict[int, int | None]:
+    """Card → bytes the kernel `info`'s TensorFlow publishes for its tensors (its state file, next to its
+    connection file); {} where it publishes none or its file is not usable."""
+    from .gpus.processes import runs_kernel
+    from .jupyter import kernelstate
+
+    try:
+        state = kernelstate.read_state(info.kernel_id, Path(info.connection_file).parent, runs_kernel)
+    except kernelstate.StateInvalid:
+        return {}
+    return dict(kernelstate.memory_by_card(state, inventory)) if state is not None and inventory.available else {}
+
+
+def host_row(pid: int, held: dict[int, int | None]) -> Holder:
+    """NVML's process `pid` (a host pid) holding `held`, matched to nothing here."""
+    return Holder(pid=pid, user=None, kernel_id=None, notebook=None, tensorflow=None, gpu_memory=held,
+                  idle_seconds=None, this=False, state=None, placed=None, mine=False, is_kernel=False, host_pid=True)
 
 
 def shutdown(kernel_id: str, yes: bool = False, runtime_dir: Path | None = None) -> ShutDown:

@@ -66,16 +66,27 @@ def unfit(info: os.stat_result, max_bytes: int = POLICY_BYTES, private: bool = F
     return None
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def loads(text: str, what: str) -> Any:
-    """`json.loads`, with every failure (nesting too deep included) one `PolicyError` naming `what`."""
+    """`json.loads`, with every failure (nesting too deep, NaN or Infinity included) one `PolicyError`
+    naming `what`."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_no_constant)
     except RecursionError:
         raise PolicyError(f"{what}: JSON nested too deeply") from None
     except ValueError as err:
         if "integer string conversion" in str(err):  # Python's digit limit, with advice meant for programmers
             raise PolicyError(f"{what}: a number with more than 4,300 digits") from None
         raise PolicyError(f"{what} is not valid JSON: {err}") from None
+
+
+def dumps(value: Any, indent: int | None = None) -> str:
+    """JSON as every file and reply of ours is written: NaN and Infinity are a `ValueError`, never JSON
+    that other readers refuse."""
+    return json.dumps(value, allow_nan=False, indent=indent)
 
 
 def read_json(path: Path, max_bytes: int = POLICY_BYTES, private: bool = False) -> Any:

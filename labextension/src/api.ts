@@ -1,24 +1,57 @@
 /**
- * The server extension's replies (tfgpu_magic/serverext/gather.py builds them) and how to ask for them:
- * through the server's own connection settings, so its authentication (token, XSRF cookie) applies.
+ * The server extension's replies and how to ask for them. The types follow the contract both sides
+ * share, tfgpu_magic/jupyter/tfgpu-state.schema.json (`$defs/gpusReply`, `$defs/kernelReply`,
+ * `$defs/keepReply`): data only, memory in bytes, states as enums; English only in an error's `message`.
+ * Requests go through the server's own connection settings, so its authentication applies (token,
+ * XSRF cookie on the POST). A failed request becomes a `RequestFailure` saying which kind of failure.
  */
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-/** One process on a card. Other users' processes carry pid, user and memory only. */
-export interface IGpuProcess {
-  pid: number;
-  user: string | null;
-  mine: boolean;
-  gpu_memory: number | null;
-  kernel_id?: string;
-  notebook?: string | null;
-  execution_state?: string | null;
-  idle_seconds?: number | null;
-  tensorflow?: string | null;
+/** `$defs/tensorflowState`. */
+export type TensorFlowState = 'not_imported' | 'imported' | 'initialized';
+
+/** `$defs/error/code`. */
+export type ErrorCode =
+  | 'nvml_missing'
+  | 'no_driver'
+  | 'nvml_failed'
+  | 'driver_not_answering'
+  | 'state_invalid';
+
+/** `$defs/error`: `message` is English for a tooltip; the browser words `code`. */
+export interface IReplyError {
+  code: ErrorCode;
+  message: string;
 }
 
-/** One card, in nvidia-smi order. Memory in bytes. */
+/** `$defs/gpuStatus`: how far the GPU figures can be trusted. */
+export interface IGpuStatus {
+  error: IReplyError | null;
+  stale_seconds: number | null;
+  host_pids: boolean;
+}
+
+/** `$defs/kernelRef`: a kernel of this server. */
+export interface IKernelRef {
+  kernel_id: string;
+  notebook: string | null;
+  execution_state: string | null;
+  idle_seconds: number | null;
+  tensorflow: TensorFlowState | null;
+}
+
+/** `$defs/gpuProcess`. */
+export interface IGpuProcess {
+  pid: number;
+  gpu_memory: number | null;
+  memory_source: 'nvml' | 'tensorflow';
+  mine: boolean;
+  user: string | null;
+  kernel: IKernelRef | null;
+}
+
+/** `$defs/gpu`: one card, in nvidia-smi order. */
 export interface IGpu {
   index: number;
   name: string | null;
@@ -27,50 +60,182 @@ export interface IGpu {
   memory_used: number | null;
   utilization: number | null;
   mig: string[];
+  granted: boolean;
   processes: IGpuProcess[];
 }
 
-/** `GET /api/tfgpu/gpus`; `error` says why there are no cards (no NVML). */
+/** `$defs/gpusReply`: `GET /api/tfgpu/gpus`. */
 export interface IGpusReply {
+  format: string;
   gpus: IGpu[];
-  error: string | null;
+  gpu_status: IGpuStatus;
 }
 
-/** A card as the kernel's status names it, with what this kernel holds on it. */
+/** `$defs/logicalDevice`. */
+export interface ILogicalDevice {
+  memory: number | null;
+  priority?: number | null;
+  ordinal?: number | null;
+}
+
+/** `$defs/settingValue`. */
+export type SettingValue = null | boolean | string | string[] | ILogicalDevice[];
+
+/** `$defs/lockReason`: why a change waits for a restart (`devices_created`: something else created the
+ * GPU devices already). */
+export type LockReason = 'initialized' | 'import' | 'cuda_start' | 'allocator_creation' | 'devices_created' | 'no_call';
+
+/** `$defs/pendingChange`: a setting TensorFlow (or CUDA) has not taken. */
+export interface IPendingChange {
+  setting: 'visible' | 'logical' | 'cpus' | 'growth' | 'variable';
+  device: string;
+  now: SettingValue;
+  wanted: SettingValue;
+  /** null where `%tfgpu apply` can still make it. */
+  why: LockReason | null;
+  needs_restart: boolean;
+}
+
+/** `$defs/policy`: null or empty fields are TensorFlow's defaults. */
+export interface IPolicy {
+  visible: string[] | null;
+  visible_auto: boolean;
+  growth: boolean | null;
+  limits: { gpu: string; bytes: number; written: string | null }[];
+  /** `50%` where `limit 50%` was given for every GPU (each limit's `written` says it too). */
+  limits_share: string | null;
+  splits: { gpu: string; bytes: number[] }[];
+  cpu_devices: number | null;
+  allocator: 'bfc' | 'async' | null;
+  loglevel: 'debug' | 'info' | 'warning' | 'error' | null;
+}
+
+/** `$defs/tensorflow`/`initialized_by`. */
+export interface IInitializedBy {
+  where: 'cell' | 'outside_cell' | 'before_watch';
+  execution_count: number | null;
+  line: string | null;
+}
+
+/** `$defs/tensorflow`: what the kernel published about TensorFlow. */
+export interface ITensorFlow {
+  state: TensorFlowState;
+  cuda_started: boolean;
+  initialized_by: IInitializedBy | null;
+  memory: { device: string; card: string | null; current: number; peak: number }[];
+}
+
+/** `$defs/kernelGpu`. */
 export interface IKernelGpu {
   index: number;
   name: string | null;
   memory_total: number | null;
   kernel_memory: number | null;
+  memory_source: 'nvml' | 'tensorflow' | null;
 }
 
-/** `GET /api/tfgpu/kernels/<id>`: answered from what the kernel published, busy or not. */
+/** `$defs/kernelReply`: `GET /api/tfgpu/kernels/<id>`, answered busy or not. */
 export interface IKernelReply {
-  kernel_id: string;
-  notebook: string | null;
-  execution_state: string | null;
-  idle_seconds: number | null;
-  tensorflow: string | null;
+  format: string;
+  kernel: IKernelRef;
   pid: number | null;
   published: boolean;
-  settings: string[];
-  policy_text: string[];
-  tensorflow_label: string | null;
-  initialized_by: string | null;
-  pending: { title: string; items: string[] }[];
+  policy: IPolicy | null;
+  tensorflow: ITensorFlow | null;
+  pending: IPendingChange[];
   restart_needed: boolean;
+  keep: boolean;
   gpus_from: 'policy' | 'memory' | 'all';
   gpus: IKernelGpu[];
-  gpu_error: string | null;
+  gpu_status: IGpuStatus;
+  error: IReplyError | null;
 }
 
-/** GET `api/tfgpu/<path>` as JSON; throws `ServerConnection.ResponseError` on an HTTP error. */
-export async function requestAPI<T>(path: string): Promise<T> {
-  const settings = ServerConnection.makeSettings();
-  const url = URLExt.join(settings.baseUrl, 'api', 'tfgpu', path);
-  const response = await ServerConnection.makeRequest(url, {}, settings);
-  if (!response.ok) {
-    throw new ServerConnection.ResponseError(response);
+/** `$defs/keepReply`: `POST /api/tfgpu/kernels/<id>/keep`. */
+export interface IKeepReply {
+  format: string;
+  kept: boolean;
+}
+
+/**
+ * Why a request gave no reply: `extension-missing` (the server answers, but has no /api/tfgpu: the
+ * server extension is off or not installed), `server-gone` (no answer at all), `failed` (any other
+ * HTTP error), `unknown-kernel` (the server extension does not know this kernel: it just started).
+ */
+export type FailureKind = 'extension-missing' | 'server-gone' | 'failed' | 'unknown-kernel';
+
+/** A request that gave no reply, with its kind, the HTTP status where there was one, and the detail. */
+export class RequestFailure extends Error {
+  constructor(
+    readonly kind: FailureKind,
+    readonly status: number | null,
+    detail: string
+  ) {
+    super(detail);
   }
-  return (await response.json()) as T;
+}
+
+/** `api/tfgpu/<path>` on this server. */
+function apiUrl(settings: ServerConnection.ISettings, path: string): string {
+  return URLExt.join(settings.baseUrl, 'api', 'tfgpu', path);
+}
+
+/**
+ * The failure an HTTP error reply stands for. A 404 from the server extension's own handlers is JSON
+ * (jupyter_server's `APIHandler.write_error`), one for a path no handler serves is the server's HTML
+ * page (`Template404`): the first means an unknown kernel, the second a missing extension.
+ */
+async function failureOf(response: Response, path: string): Promise<RequestFailure> {
+  let detail = `${response.status} ${response.statusText}`.trim();
+  const json = (response.headers.get('Content-Type') ?? '').includes('application/json');
+  if (json) {
+    try {
+      const body = (await response.json()) as { message?: unknown };
+      if (typeof body.message === 'string') {
+        detail = body.message;
+      }
+    } catch {
+      // the status says enough
+    }
+  }
+  if (response.status === 404) {
+    const ours = json && path.startsWith('kernels/');
+    return new RequestFailure(ours ? 'unknown-kernel' : 'extension-missing', 404, detail);
+  }
+  return new RequestFailure('failed', response.status, detail);
+}
+
+/** `method` `api/tfgpu/<path>`, the JSON reply; a `RequestFailure` when there is none. */
+async function request<T>(path: string, init: RequestInit = {}): Promise<T> {
+  const settings = ServerConnection.makeSettings();
+  let response: Response;
+  try {
+    response = await ServerConnection.makeRequest(apiUrl(settings, path), init, settings);
+  } catch (reason) {
+    throw new RequestFailure('server-gone', null, String(reason));
+  }
+  if (!response.ok) {
+    throw await failureOf(response, path);
+  }
+  try {
+    return (await response.json()) as T;
+  } catch (reason) {
+    throw new RequestFailure('failed', response.status, String(reason));
+  }
+}
+
+/** `GET /api/tfgpu/gpus`. */
+export function getGpus(): Promise<IGpusReply> {
+  return request<IGpusReply>('gpus');
+}
+
+/** `GET /api/tfgpu/kernels/<id>`. */
+export function getKernel(kernelId: string): Promise<IKernelReply> {
+  return request<IKernelReply>(`kernels/${encodeURIComponent(kernelId)}`);
+}
+
+/** `POST /api/tfgpu/kernels/<id>/keep`: the server stores the policy the kernel published for the next
+ * kernel on its connection file. `makeRequest` adds the XSRF header the server checks on a POST. */
+export function keepPolicy(kernelId: string): Promise<IKeepReply> {
+  return request<IKeepReply>(`kernels/${encodeURIComponent(kernelId)}/keep`, { method: 'POST', body: '{}' });
 }

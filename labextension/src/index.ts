@@ -2,115 +2,46 @@
  * tfgpu-magic: which notebook holds which GPU memory, under which TensorFlow policy, in JupyterLab 4 and
  * Notebook 7, answered by the server extension (tfgpu_magic/serverext) even while the kernel is busy.
  *
+ * - one model (`model.ts`) polls the server for what is shown, through `@lumino/polling`;
  * - a status bar item for the active notebook's kernel (where the app has a status bar);
  * - a sidebar with one card per GPU, the processes on it, and "Shut down" for this user's idle kernels;
- * - the command `tfgpu:restart-run-to-selected` (palette and Kernel menu): the kernel keeps its policy for
- *   its successor, then JupyterLab's own restart-and-run-to-selected brings the work back.
- * It asks the server only while the page is visible and something shows the answer, every few seconds.
+ * - the command `tfgpu:restart-run-to-selected` (palette and Kernel menu, `restart.ts`).
+ * The refresh rate is a setting (schema/plugin.json, `ISettingRegistry`); every word goes through
+ * `ITranslator` (domain `tfgpu_magic`).
  */
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
-import { ICommandPalette, showErrorMessage } from '@jupyterlab/apputils';
+import { Dialog, ICommandPalette, ISessionContextDialogs, showDialog, showErrorMessage } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
-import type { Kernel } from '@jupyterlab/services';
+import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
+import { ITranslator, TranslationBundle, nullTranslator } from '@jupyterlab/translation';
+import { Signal } from '@lumino/signaling';
 
-import { IGpusReply, IKernelReply, requestAPI } from './api';
-import { GpuSidebar, GpuStatus, SIDEBAR_ID, STATUS_ID, confirmShutdown } from './widgets';
+import type { IKernelRef } from './api';
+import { DEFAULT_REFRESH_MS, GpuModel, IDemand } from './model';
+import { COMMAND, JUPYTERLAB_COMMAND, Plan, caption, plan, restartRunToSelected } from './restart';
+import { GpuSidebar, SIDEBAR_ID, kernelName } from './sidebar';
+import { GpuStatus, STATUS_ID } from './status';
 
-export const COMMAND = 'tfgpu:restart-run-to-selected';
 const PLUGIN_ID = 'tfgpu-magic:plugin';
-/** Milliseconds between two polls (the issue asks for 2–5 s). */
-export const POLL_MS = 3000;
+/** The translation domain (the Python package's name, as JupyterLab language packs name domains). */
+const DOMAIN = 'tfgpu_magic';
 
-/**
- * Run silently in the kernel before the restart: store its policy for the next kernel on the same
- * connection file (what `%tfgpu restart` stores; the profile's startup file applies it before the first
- * cell). Nothing to store where tfgpu_magic never made a policy in this kernel.
- */
-const KEEP_POLICY = `
-def _tfgpu_keep_policy():
-    import sys
-    if "tfgpu_magic.controller" not in sys.modules:
-        return
-    import tfgpu_magic
-    from tfgpu_magic.jupyter.restart import keep_for_next_kernel
-    keep_for_next_kernel(get_ipython(), tfgpu_magic.current_policy())
-try:
-    _tfgpu_keep_policy()
-finally:
-    del _tfgpu_keep_policy
-`;
-
-/** Store the kernel's policy for its successor; the error text when that failed, else null. */
-async function keepPolicy(kernel: Kernel.IKernelConnection): Promise<string | null> {
-  const future = kernel.requestExecute({ code: KEEP_POLICY, silent: true, store_history: false });
-  const reply = await future.done;
-  const content = reply.content;
-  return content.status === 'error' ? `${content.ename}: ${content.evalue}` : null;
-}
-
-/** Polls the server while something visible needs the answer; renders into the status item and sidebar. */
-class Monitor {
-  constructor(
-    private readonly tracker: INotebookTracker,
-    private readonly status: GpuStatus | null,
-    private readonly sidebar: GpuSidebar
-  ) {
-    document.addEventListener('visibilitychange', () => this.soon());
-    tracker.currentChanged.connect(this.soon, this);
-    tracker.widgetAdded.connect((_, panel) => panel.sessionContext.kernelChanged.connect(this.soon, this));
+/** Ask, then shut the kernel down through the server's own kernels API; whether it was. */
+async function confirmShutdown(trans: TranslationBundle, kernel: IKernelRef, shutdown: () => Promise<void>): Promise<boolean> {
+  const result = await showDialog({
+    title: trans.__('Shut down kernel?'),
+    body: trans.__(
+      'Shut down the kernel of %1? Its variables are lost; the GPU memory it holds is freed.',
+      kernelName(trans, kernel)
+    ),
+    buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: trans.__('Shut down') })]
+  });
+  if (!result.button.accept) {
+    return false;
   }
-
-  /** The active notebook's kernel id, if it has a kernel. */
-  get kernelId(): string | null {
-    return this.tracker.currentWidget?.sessionContext.session?.kernel?.id ?? null;
-  }
-
-  /** Poll now, then every `POLL_MS`. */
-  soon(): void {
-    window.clearTimeout(this.timer);
-    this.timer = window.setTimeout(() => void this.tick(), 0);
-  }
-
-  private async tick(): Promise<void> {
-    try {
-      await this.refresh();
-    } finally {
-      window.clearTimeout(this.timer);
-      this.timer = window.setTimeout(() => void this.tick(), POLL_MS);
-    }
-  }
-
-  /** Ask only what is shown: nothing in a hidden tab, the kernel only with a notebook open. */
-  private async refresh(): Promise<void> {
-    if (document.visibilityState !== 'visible') {
-      return;
-    }
-    const kernelId = this.kernelId;
-    const sidebarShown = this.sidebar.isVisible;
-    const statusShown = this.status !== null && this.status.isAttached;
-    const [kernel, gpus] = await Promise.all([
-      kernelId !== null && (statusShown || sidebarShown) ? this.ask<IKernelReply>(`kernels/${kernelId}`) : null,
-      sidebarShown ? this.ask<IGpusReply>('gpus') : null
-    ]);
-    if (kernelId !== this.kernelId) {
-      return; // the user switched notebooks meanwhile: the next poll asks about the new one
-    }
-    this.status?.render(kernel);
-    this.sidebar.render(gpus, kernel, kernelId);
-  }
-
-  /** The reply, or null where the server has none (a kernel that just started, a server going down). */
-  private async ask<T>(path: string): Promise<T | null> {
-    try {
-      return await requestAPI<T>(path);
-    } catch (reason) {
-      console.debug(`tfgpu-magic: ${path}:`, reason);
-      return null;
-    }
-  }
-
-  private timer = 0;
+  await shutdown();
+  return true;
 }
 
 const plugin: JupyterFrontEndPlugin<void> = {
@@ -118,56 +49,119 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description: 'GPU status bar item, GPU sidebar and restart-with-policy command of tfgpu_magic.',
   autoStart: true,
   requires: [INotebookTracker],
-  optional: [IStatusBar, ICommandPalette],
+  optional: [IStatusBar, ICommandPalette, ISettingRegistry, ITranslator, ISessionContextDialogs],
   activate: (
     app: JupyterFrontEnd,
     tracker: INotebookTracker,
     statusBar: IStatusBar | null,
-    palette: ICommandPalette | null
+    palette: ICommandPalette | null,
+    settingRegistry: ISettingRegistry | null,
+    translator: ITranslator | null,
+    sessionDialogs: ISessionContextDialogs | null
   ): void => {
-    const openSidebar = (): void => app.shell.activateById(SIDEBAR_ID);
-    const sidebar = new GpuSidebar(async process => {
-      const name = process.notebook ?? `kernel ${process.kernel_id}`;
-      try {
-        if (await confirmShutdown(name, () => app.serviceManager.kernels.shutdown(process.kernel_id))) {
-          monitor.soon();
-        }
-      } catch (reason) {
-        await showErrorMessage('Kernel not shut down', String(reason));
-      }
-    }, () => monitor.soon());
-    app.shell.add(sidebar, 'right', { rank: 900 });
+    const translation = translator ?? nullTranslator;
+    const trans = translation.load(DOMAIN);
+    const kernelId = (): string | null => tracker.currentWidget?.sessionContext.session?.kernel?.id ?? null;
+
+    let sidebar: GpuSidebar | null = null;
     let status: GpuStatus | null = null;
+    const model = new GpuModel({
+      refreshRate: DEFAULT_REFRESH_MS,
+      demand: (): IDemand => {
+        const sidebarShown = sidebar?.isVisible ?? false;
+        const statusShown = status?.isVisible ?? false;
+        const id = kernelId();
+        return { kernelId: id !== null && (sidebarShown || statusShown) ? id : null, gpus: sidebarShown };
+      }
+    });
+    const refresh = (): void => void model.refresh();
+
+    sidebar = new GpuSidebar(
+      model,
+      trans,
+      kernelId,
+      async kernel => {
+        try {
+          if (await confirmShutdown(trans, kernel, () => app.serviceManager.kernels.shutdown(kernel.kernel_id))) {
+            refresh();
+          }
+        } catch (reason) {
+          await showErrorMessage(trans.__('Kernel not shut down'), String(reason));
+        }
+      },
+      refresh
+    );
+    app.shell.add(sidebar, 'right', { rank: 900 });
+
+    const notebookChanged = new Signal<GpuModel, void>(model);
     if (statusBar) {
-      status = new GpuStatus(openSidebar);
+      status = new GpuStatus(model, trans, kernelId, () => app.shell.activateById(SIDEBAR_ID));
       statusBar.registerStatusItem(STATUS_ID, {
         item: status,
         align: 'left',
-        rank: 900
+        rank: 900,
+        isActive: () => tracker.currentWidget !== null,
+        activeStateChanged: notebookChanged
       });
     }
-    const monitor = new Monitor(tracker, status, sidebar);
 
-    app.commands.addCommand(COMMAND, {
-      label: 'Restart Kernel with the GPU Policy and Run up to Selected Cell…',
-      caption: 'Keep the tfgpu policy for the new kernel, restart, and run the cells up to the selected one',
-      isEnabled: () => !!tracker.currentWidget?.sessionContext.session?.kernel,
-      execute: async () => {
-        const kernel = tracker.currentWidget?.sessionContext.session?.kernel;
-        if (!kernel) {
-          return;
-        }
-        const failed = await keepPolicy(kernel);
-        if (failed !== null) {
-          await showErrorMessage('GPU policy not kept; the kernel was not restarted', failed);
-          return;
-        }
-        await app.commands.execute('notebook:restart-and-run-to-selected', { activate: false });
-        monitor.soon();
+    // a view shows another kernel: render it now, and ask about it
+    const kernelShown = (): void => {
+      notebookChanged.emit();
+      status?.update();
+      sidebar?.update();
+      refresh();
+    };
+    tracker.currentChanged.connect(kernelShown);
+    tracker.widgetAdded.connect((_, panel) => panel.sessionContext.kernelChanged.connect(kernelShown));
+    document.addEventListener('visibilitychange', () => {
+      if (document.visibilityState === 'visible') {
+        refresh();
       }
     });
-    palette?.addItem({ command: COMMAND, category: 'Kernel Operations' });
-    monitor.soon();
+
+    if (settingRegistry) {
+      settingRegistry
+        .load(PLUGIN_ID)
+        .then(settings => {
+          const apply = (): void => {
+            model.refreshRate = settings.get('refreshRate').composite as number;
+          };
+          apply();
+          settings.changed.connect(apply);
+        })
+        .catch(reason => console.warn('tfgpu-magic: settings not loaded, polling every 3 s:', reason));
+    }
+
+    const currentPlan = (): Plan =>
+      plan(tracker.currentWidget, model, app.serviceManager.kernelspecs.specs, model.kernel(kernelId())?.reply ?? null);
+    app.commands.addCommand(COMMAND, {
+      label: trans.__('Restart Kernel with the GPU Policy and Run up to Selected Cell…'),
+      caption: () => caption(trans, currentPlan()),
+      isEnabled: () => !!tracker.currentWidget?.sessionContext.session?.kernel,
+      execute: async () => {
+        const panel = tracker.currentWidget;
+        if (!panel) {
+          return false;
+        }
+        return restartRunToSelected(panel, model, {
+          trans,
+          translator: translation,
+          specs: app.serviceManager.kernelspecs.specs,
+          sessionDialogs,
+          runJupyterLabs: () => app.commands.execute(JUPYTERLAB_COMMAND, { activate: false })
+        });
+      }
+    });
+    let shownCaption = '';
+    model.stateChanged.connect(() => {
+      const now = caption(trans, currentPlan());
+      if (now !== shownCaption) {
+        shownCaption = now;
+        app.commands.notifyCommandChanged(COMMAND);
+      }
+    });
+    palette?.addItem({ command: COMMAND, category: trans.__('Kernel Operations') });
   }
 };
 

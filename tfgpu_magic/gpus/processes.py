@@ -6,10 +6,15 @@ whether TensorFlow's native library is loaded, its status gives its owner. /proc
 hostile: opened without blocking, never more than a byte cap (their size is 0 in `stat`, so the cap
 is on what is read, not on `st_size`), undecodable bytes replaced. Another user's maps are unreadable
 (and not ours to read): their `tensorflow` is None.
+
+NVML's pids are the host's, always: the driver knows no pid namespace
+(https://github.com/NVIDIA/nvidia-docker/issues/1483). In a container with a pid namespace of its
+own (`foreign_pid_namespace`), they name other processes than /proc here does, or none.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import NamedTuple
@@ -24,6 +29,21 @@ TF_MARKERS = ("libtensorflow", "_pywrap_tensorflow_internal")
 KERNEL_MODULES = ("ipykernel_launcher", "ipykernel")
 SERVER_PREFIX, SERVER_SUFFIX = "kernel-", ".json"
 """How a Jupyter server names a kernel's connection file: `kernel-<id>.json`."""
+
+
+PROC_PID_INIT_INO = 0xEFFFFFFC
+"""The inode of the host's pid namespace (the initial one), fixed in Linux (`include/linux/proc_ns.h`)."""
+
+
+@functools.cache
+def foreign_pid_namespace() -> bool | None:
+    """Whether this process runs in a pid namespace other than the host's (a container started
+    without `--pid=host`), where NVML's pids must never be matched to /proc's. None where
+    /proc/self/ns/pid cannot be read (not Linux, /proc not mounted): unknown."""
+    try:
+        return os.stat(PROC / "self" / "ns" / "pid").st_ino != PROC_PID_INIT_INO
+    except OSError:
+        return None
 
 
 def server_kernel_id(path: Path) -> str | None:
@@ -105,6 +125,11 @@ def kernel_id_of(connection_file: str | None) -> str | None:
     if connection_file is None:
         return None
     return server_kernel_id(Path(connection_file))
+
+
+def runs_kernel(pid: int, kernel_id: str, proc: Path = PROC) -> bool:
+    """Whether /proc shows `pid` as the kernel on connection file `kernel-<kernel_id>.json`."""
+    return kernel_id_of(connection_file_of(cmdline(pid, proc))) == kernel_id
 
 
 def uid_of(pid: int, proc: Path = PROC) -> int | None:

@@ -21,6 +21,7 @@ from typing import Iterator
 
 from .. import safefile
 from ..errors import PolicyError
+from ..language.policy import auto_pick_note
 from .inventory import Gpu, Inventory, freest_first
 
 FORMAT = "tfgpu_magic/reservation/1"
@@ -153,7 +154,7 @@ def reserve(kernel_id: str, count: int, inventory: Inventory, directory: Path) -
         others = [r for r in _prune(directory) if r.kernel_id != kernel_id]
         picked = rank(inventory, others)[:count]
         held = held_counts(others)
-        why = "auto picked " + ", ".join(_describe(g, g.uuid in held) for g in picked)
+        why = auto_pick_note(picked, held)
         reservation = Reservation(kernel_id, tuple(g.uuid for g in picked), why, os.getpid(), None, time.time(),
                                   path_for(kernel_id, directory))
         safefile.write_atomic(reservation.path, _dumps(reservation))
@@ -166,12 +167,6 @@ def _dumps(reservation: Reservation) -> str:
         "format": FORMAT, "kernel_id": reservation.kernel_id, "gpus": list(reservation.gpus), "why": reservation.why,
         "launcher_pid": reservation.launcher_pid, "kernel_pid": reservation.kernel_pid, "created": reservation.created,
     })
-
-
-def _describe(gpu: Gpu, shared: bool) -> str:
-    free = f"{gpu.memory_free_mib} MiB free" if gpu.memory_free_mib is not None else "free memory unknown"
-    busy = f", {gpu.utilization_pct}% busy" if gpu.utilization_pct is not None else ""
-    return f"GPU {gpu.index} ({free}{busy}{', also just given to another kernel' if shared else ''})"
 
 
 def set_kernel_pid(reservation: Reservation, pid: int | None) -> None:

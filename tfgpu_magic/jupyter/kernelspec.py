@@ -37,11 +37,9 @@ SPEC_BYTES = 1 << 20
 def kernel_json(policy: Policy, display_name: str | None = None) -> dict:
     """The kernel.json of a kernel that starts with `policy` in force. A `visible auto[:N]` pick is
     not frozen into the spec: the provisioner picks the freest GPUs again at every launch."""
-    from ..language.grammar import AUTO_PICKED
     from .provisioner import provisioner_metadata
 
-    picked = bool(policy.visible) and dict(policy.sources).get("visible", "").startswith(AUTO_PICKED)
-    auto = f"auto:{len(policy.visible or ())}" if picked else None
+    auto = f"auto:{len(policy.visible or ())}" if policy.picked_automatically else None
     fixed = policy.edited(visible=None, sources=()) if auto else policy
     env = {name: value for name, value in build_plan(fixed).env if value is not None}
     env[POLICY_ENV] = json.dumps(fixed.to_dict(), separators=(",", ":"))

@@ -16,7 +16,6 @@ in terminal IPython, and in any kernel with nothing pending (one directory listi
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import time
@@ -59,7 +58,7 @@ def _write(path: Path, policy: Policy, extra: dict[str, Any]) -> None:
     from .. import safefile
 
     data = {"format": FORMAT, "policy": policy.to_dict(), **extra}
-    safefile.write_atomic(path, json.dumps(data, indent=2) + "\n")
+    safefile.write_atomic(path, safefile.dumps(data, indent=2) + "\n")
 
 
 def _replaceable(path: Path) -> dict[str, Any] | None:

@@ -34,7 +34,8 @@ from ..gpus import inventory as gpu_inventory
 from ..gpus import reservations
 from ..language.grammar import parse_count
 from ..language.policy import Policy
-from ..tf.envvars import CUDA_VISIBLE_DEVICES
+from ..gpus.cudaenv import grant_of
+from ..tf.envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES
 from ..tf.plan import build_plan
 from . import persist
 from .startup import LAUNCH_WARNING_ENV as WARNING_ENV
@@ -46,9 +47,10 @@ PLACED_ENV = "TFGPU_MAGIC_PLACED"
 INHERITS = "the kernel starts with the GPUs it inherits"
 NO_INVENTORY = "visible auto: no GPU inventory at launch ({error}); " + INHERITS
 NO_RESERVATION = "visible auto: could not record the pick in the runtime dir ({error}); " + INHERITS
-TOO_FEW = "visible auto:{count}: only {found} GPU(s) here; " + INHERITS
+TOO_FEW = "visible auto:{count}: {scope}; " + INHERITS
 NOT_GRANTED = ("visible auto: the launch environment sets CUDA_VISIBLE_DEVICES={value!r}, which names GPUs "
-               "the inventory does not list; the kernel keeps that setting")
+               "the inventory cannot place (a GPU it does not list, or indices in CUDA's default order, which is "
+               "not nvidia-smi's: CUDA_DEVICE_ORDER=PCI_BUS_ID makes them so); the kernel keeps that setting")
 INFO_KEY = "tfgpu"
 """The key of the pick in `get_provisioner_info()` (beside jupyter_client's own keys)."""
 
@@ -70,16 +72,15 @@ def auto_count(word: str) -> int:
     return parse_count(word.partition(":")[2] or "1", "visible auto:N")
 
 
-def granted_gpus(found: gpu_inventory.Inventory, inherited: str | None) -> gpu_inventory.Inventory | None:
-    """The inventory narrowed to the GPUs `CUDA_VISIBLE_DEVICES=inherited` grants (all of it when
-    unset); None where an entry names no GPU of the inventory (a MIG instance, a renumbered grant)."""
+def granted_gpus(found: gpu_inventory.Inventory, inherited: str | None,
+                 order: str | None = None) -> gpu_inventory.Inventory | None:
+    """The inventory narrowed to what `CUDA_VISIBLE_DEVICES=inherited` (with `CUDA_DEVICE_ORDER=order`)
+    grants, as `gpus.cudaenv.Grant.devices` gives it (all of it when unset); None where an entry
+    cannot be placed on the inventory's cards."""
     if inherited is None:
         return found
-    wanted = [entry.strip() for entry in inherited.split(",") if entry.strip()]
-    by_ref = {gpu.ref: gpu for gpu in found.gpus} | {gpu.uuid: gpu for gpu in found.gpus}
-    if not all(entry in by_ref for entry in wanted):
-        return None
-    return found._replace(gpus=tuple(dict.fromkeys(by_ref[entry] for entry in wanted)))
+    devices = grant_of(inherited, order, found).devices(found)
+    return None if devices is None else found._replace(gpus=devices)
 
 
 def read_inventory() -> gpu_inventory.Inventory:
@@ -135,13 +136,14 @@ class TFGPUProvisioner(LocalProvisioner):  # type: ignore[misc]  (jupyter_client
     _resolved: Policy | None = None
     _warning: str | None = None
 
-    def resolve(self, inherited_visible: str | None = None) -> tuple[Policy, str | None]:
+    def resolve(self, inherited_visible: str | None = None, inherited_order: str | None = None) -> tuple[Policy, str | None]:
         """The policy in force for this launch, and a warning for the first cell. A restart keeps the
         GPUs of the first launch (the kernel's pending policy, if any, comes on top).
 
-        `inherited_visible`: `CUDA_VISIBLE_DEVICES` of the launching environment. Where a scheduler
-        (Slurm, a Kubernetes device plugin) granted GPUs that way, `auto` picks among them only; an
-        entry that names no GPU of the inventory leaves the grant as it is."""
+        `inherited_visible`, `inherited_order`: `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER` of the
+        launching environment. Where a scheduler (Slurm, a Kubernetes device plugin) granted GPUs that
+        way, `auto` picks among them only (`gpus.cudaenv.Grant`, as the magic's `visible auto`); an
+        entry the inventory cannot place leaves the grant as it is."""
         if self._resolved is not None:
             return self._resolved, self._warning
         policy = Policy.from_dict(self.policy) if self.policy else Policy()
@@ -149,13 +151,15 @@ class TFGPUProvisioner(LocalProvisioner):  # type: ignore[misc]  (jupyter_client
         if self.visible:
             count = auto_count(self.visible)
             found = read_inventory()
-            granted = granted_gpus(found, inherited_visible) if found.available else None
+            granted = granted_gpus(found, inherited_visible, inherited_order) if found.available else None
             if not found.available:
                 warning = NO_INVENTORY.format(error=found.error)
             elif granted is None:
                 warning = NOT_GRANTED.format(value=inherited_visible)
             elif len(granted.gpus) < count:
-                warning = TOO_FEW.format(count=count, found=len(granted.gpus))
+                scope = (grant_of(inherited_visible).words() if inherited_visible is not None
+                         else f"only {len(granted.gpus)} GPU(s) here")
+                warning = TOO_FEW.format(count=count, scope=scope)
             else:
                 try:
                     self._reservation = reservations.reserve(self._key(), count, granted, persist.runtime_dir())
@@ -178,11 +182,12 @@ class TFGPUProvisioner(LocalProvisioner):  # type: ignore[misc]  (jupyter_client
         kernel's environment: the plan's variables, `POLICY_ENV`, `WARNING_ENV` and `PLACED_ENV`."""
         # NVML and the reservation lock may take seconds: off the server's event loop, which must
         # keep answering every other request meanwhile
-        inherited = (kwargs.get("env") or os.environ).get(CUDA_VISIBLE_DEVICES)
-        policy, warning = await asyncio.to_thread(self.resolve, inherited)
+        launching = kwargs.get("env") or os.environ
+        policy, warning = await asyncio.to_thread(self.resolve, launching.get(CUDA_VISIBLE_DEVICES),
+                                                  launching.get(CUDA_DEVICE_ORDER))
         kwargs = await super().pre_launch(**kwargs)
         env = kwargs["env"]
-        for name, value in build_plan(policy).env:
+        for name, value in build_plan(policy, env.get(CUDA_VISIBLE_DEVICES)).env:  # a grant by index keeps its order
             if value is None:
                 env.pop(name, None)
             else:

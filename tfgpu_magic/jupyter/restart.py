@@ -38,7 +38,7 @@ POLL = 0.001
 RESTART_THREAD = "tfgpu_magic-restart"
 """The name of the thread that asks the server for the restart (tests watch for it)."""
 RESTART_COMMAND = "Kernel → Restart Kernel with the GPU Policy and Run up to Selected Cell…"
-"""The menu entry of the labextension's `tfgpu:restart-run-to-selected` (labextension/src/index.ts)."""
+"""The menu entry of the labextension's `tfgpu:restart-run-to-selected` (labextension/src/restart.ts)."""
 LABEXTENSION = "tfgpu-magic"
 
 

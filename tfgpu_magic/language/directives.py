@@ -32,7 +32,8 @@ LOGLEVEL_OFF = "off"
 NOTES = (
     "SIZE: MiB (4096) or 512MB, 1.5GB, 2GiB, 3G (binary units, like TF and nvidia-smi), or NN%",
     "of the card's memory (needs the NVML inventory).",
-    "GPUS: indices in nvidia-smi order (0,2 or 0-3), GPU UUIDs or unique UUID prefixes.",
+    "GPUS: indices in nvidia-smi order (0,2 or 0-3), GPU UUIDs or unique UUID prefixes; in a kernel",
+    "started with CUDA_VISIBLE_DEVICES (its grant), indices count within the grant, as CUDA numbers them.",
     "A word that starts with # begins a comment; $name and {expr} are not expanded.",
     "A %%tfgpu cell is checked as a whole: its lines may come in any order.",
     "Growth together with a limit or split is realised through TF_FORCE_GPU_ALLOW_GROWTH=true",
@@ -86,17 +87,16 @@ class Directive:
     details: more than the usage line says, for `%tfgpu?` only ('' for nothing more).
     reports: the word its report is told as (`describe_report`'s action: "edit", "reset").
 
-    What it does is on the entry too, put there by the room that owns the effect when that room
-    is imported (`grammar` on the first `%tfgpu`, `views.actions` with the dispatcher), so that this
-    module stays a cheap import:
+    How an edit is parsed is on the entry too, put there by `grammar` (`@parses`) when it is imported on
+    the first `%tfgpu`, so that this module stays a cheap import:
     parse: words → an edit's `Edit.changes` (the policy fields it sets, in the policy's own form;
     `grammar.apply_edit` applies every edit alike) or an action's one argument; None for an edit that
-    sets one field from `values`, or an action whose argument is one of `choices`.
-    run: for an action, `(controller, shell, arg, **options)` → what to show (`views.actions`).
+    sets one field from `values`, or an action whose argument is one of `choices`. What an action
+    runs is not here: `views.actions.ACTIONS` files it under the action's name.
     """
 
     __slots__ = ("name", "kind", "forms", "synopsis", "arity", "choices", "field", "values", "options", "slots",
-                 "examples", "describe", "details", "reports", "parse", "run")
+                 "examples", "describe", "details", "reports", "parse")
 
     def __init__(
         self,
@@ -121,7 +121,6 @@ class Directive:
         self.field, self.values, self.options, self.examples = field, values, options, examples
         self.details, self.reports = details, reports
         self.parse = parse
-        self.run: Callable[..., Any] | None = None
         self.choices = choices or tuple(word for word, _ in values)
         self.synopsis = synopsis or " | ".join(self.choices)
         self.slots = slots or ((Slot(self.choices),) if self.choices else ())
@@ -175,16 +174,20 @@ def gpu_names(refs: Sequence[str], names: Names | None = None) -> str:
 
 
 def _describe_limit(policy: Policy, names: Names | None = None) -> list[str]:
+    """`limit 2GB on GPU 0, 4GB on every other visible GPU`: each size as the directive writes it, a
+    share of the card as given with what it comes to there (`50% (40.0 GiB) on GPU 1, 2`)."""
+    from .sizes import directive_size, mib_text
+
     limits = policy.limit_map
     default = limits.pop(ALL_GPUS, None)
     written = dict(policy.limits_written)
-    sizes: dict[str, list[str]] = {}  # the size as shown (`50% (40960 MiB)`) → its GPUs, in order
+    sizes: dict[str, list[str]] = {}  # the size as shown (`50% (40.0 GiB)`) → its GPUs, in order
     for gpu, mib in limits.items():
-        sizes.setdefault(f"{written[gpu]} ({mib} MiB)" if gpu in written else f"{mib} MiB", []).append(gpu)
+        sizes.setdefault(f"{written[gpu]} ({mib_text(mib)})" if gpu in written else directive_size(mib), []).append(gpu)
     own = [f"{size} on {gpu_names(gpus, names)}" for size, gpus in sizes.items()]
     if default is not None:  # a split GPU is sized by its split, not by the limit on every GPU
         other = "every other visible GPU" if own or policy.splits else "every visible GPU"
-        own.append(f"{default} MiB on {other}")
+        own.append(f"{directive_size(default)} on {other}")
     return ["limit " + ", ".join(own)] if own else []
 
 
@@ -202,8 +205,10 @@ def _describe_visible(policy: Policy, names: Names | None = None) -> list[str]:
 
 
 def _describe_gpu_splits(policy: Policy, names: Names | None = None) -> list[str]:
-    return [f"split {gpu_name(gpu, names)} into {' + '.join(f'{mib} MiB' for mib in sizes)}"
-            for gpu, sizes in policy.splits]
+    """`split 0 2x1GB`, as the directive writes it; a GPU given by UUID by its index where known."""
+    from .sizes import split_size
+
+    return [f"split {gpu_name(gpu, names).removeprefix('GPU ')} {split_size(sizes)}" for gpu, sizes in policy.splits]
 
 
 def _describe_split(policy: Policy, names: Names | None = None) -> list[str]:

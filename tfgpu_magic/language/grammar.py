@@ -15,6 +15,7 @@ from .policy import (
     MAX_MIB,
     MAX_VIRTUAL_DEVICES,
     Policy,
+    auto_pick_note,
     check_gpu_count,
     is_uuid,
     quote,
@@ -22,9 +23,6 @@ from .policy import (
     sort_gpu_items,
     whole_number,
 )
-
-AUTO_PICKED = "auto picked "
-"""How `visible auto` notes its pick in `Policy.sources` (a kernelspec turns it back into `auto:N`)."""
 
 MAX_LINE = 32 * 1024
 """Longest directive line read: 256 MIG UUIDs fit; a longer line is a mistake, refused before any work."""
@@ -64,6 +62,10 @@ class GpuCatalog(Protocol):
 
     def uuid_to_index(self) -> dict[str, str]:
         """GPU UUID → nvidia-smi index, for every GPU known (empty without an inventory)."""
+
+    def scope(self) -> str:
+        """Which GPUs there are to choose from, for a message: `this machine has only 4 GPU(s)`, or
+        the grant a process was started with (`this kernel was granted 1 GPU (CUDA_VISIBLE_DEVICES=2)`)."""
 
 
 class Edit(NamedTuple):
@@ -216,23 +218,44 @@ def apply_edit(policy: Policy, edit: Edit, catalog: GpuCatalog | None = None) ->
         named = dict(changes["sources"])
         changes["sources"] = (*(note for note in policy.sources if note[0] not in named),
                               *((field, why) for field, why in named.items() if why is not None))
-    return policy.edited(**changes)
+    edited = policy.edited(**changes)
+    if ("visible" in changes or "splits" in changes) and "limits" not in changes:
+        edited = edited.edited(**_reshared(edited, catalog))
+    return edited
 
 
 def _limits(policy: Policy, given: Changes, written: Changes, catalog: GpuCatalog | None) -> dict[str, Any]:
-    """`limits` and `limits_written` after a `limit` edit: one for every GPU (`all`, a share of each
-    visible card's own total) or none replaces them all; per-GPU ones merge, and a card keeps how its
-    limit was written only until another limit or `limit off` changes it."""
+    """`limits`, `limits_written` and `limits_share` after a `limit` edit: one for every GPU (`all`, a
+    share of each visible card's own total) or none replaces them all; per-GPU ones merge, and a card
+    keeps how its limit was written only until another limit or `limit off` changes it. A share on every
+    GPU stays in `limits_share`: which cards it sizes follows `visible` (`_reshared`)."""
     every = dict(given).get(ALL_GPUS)
     if isinstance(every, Percent):
+        share = dict(written)[ALL_GPUS]
         given = tuple(_percent_of_unsplit(every, catalog, policy))
-        written = tuple((gpu, dict(written)[ALL_GPUS]) for gpu, _ in given)
+        return {**_with_limits(dict(given), dict.fromkeys(dict(given), share)), "limits_share": share}
     if every is not None or not given:
-        return _with_limits(dict(given), dict(written))
+        return {**_with_limits(dict(given), dict(written)), "limits_share": None}
     hint = " (a limit on all GPUs stays; `limit off` removes it)" if ALL_GPUS in policy.limit_map else ""
     limits = _merged(policy.limits, given, f"limit off: GPU {{gpu}} has no limit of its own{hint}")
     kept = {gpu: text for gpu, text in policy.limits_written if gpu not in dict(given)}
-    return _with_limits(dict(limits), {**kept, **dict(written)})
+    removed = None in dict(given).values()  # `limit off 2`: the share no longer covers every visible GPU
+    return {**_with_limits(dict(limits), {**kept, **dict(written)}),
+            "limits_share": None if removed else policy.limits_share}
+
+
+def _reshared(policy: Policy, catalog: GpuCatalog | None) -> dict[str, Any]:
+    """After `visible` or a split changed: a share given for every GPU (`limit 50%`) sizes exactly the
+    visible cards without a split of their own, whichever directive came first (a `%%tfgpu` cell's
+    lines come in any order). Limits given per GPU stay as they are."""
+    share = policy.limits_share
+    if share is None:
+        return {}
+    written = dict(policy.limits_written)
+    own = {gpu: mib for gpu, mib in policy.limits if written.get(gpu) != share}
+    shared = {gpu: mib for gpu, mib in _percent_of_unsplit(Percent(share.rstrip("%")), catalog, policy, empty_ok=True)
+              if gpu not in own}
+    return _with_limits({**shared, **own}, {**written, **dict.fromkeys(shared, share)})
 
 
 def _with_limits(limits: Mapping[str, int], written: Mapping[str, str]) -> dict[str, Any]:
@@ -332,16 +355,16 @@ def _visible(gpus: tuple[str, ...] | None, why: str | None = None) -> Changes:
 
 
 def _auto_pick(word: str, catalog: GpuCatalog | None) -> tuple[tuple[str, ...], str]:
-    """`auto[:N]`: the N GPUs with the most free memory, pinned by UUID, and why they were picked."""
+    """`auto[:N]`: the N GPUs with the most free memory (of those the catalog offers: a grant's), pinned
+    by UUID, and why they were picked."""
     count = parse_count(word.partition(":")[2] or "1", "visible auto:N")
     if catalog is None:
         raise PolicyError("`visible auto` needs the GPU inventory (an NVIDIA driver and nvidia-ml-py)")
     ranked = catalog.by_free_memory()
     if len(ranked) < count:
-        raise PolicyError(f"visible auto:{count}: this machine has only {len(ranked)} GPU(s)")
+        raise PolicyError(f"visible auto:{count}: {catalog.scope()}")
     picked = ranked[:count]
-    why = AUTO_PICKED + ", ".join(f"GPU {g.index} ({_free_and_busy(g)})" for g in picked)
-    return tuple(g.uuid for g in picked), why
+    return tuple(g.uuid for g in picked), auto_pick_note(picked)
 
 
 @parses("split")
@@ -407,13 +430,14 @@ def _is_percent(size: float) -> bool:
     return isinstance(size, Percent)
 
 
-def _percent_of_unsplit(size: float, catalog: GpuCatalog | None, policy: Policy) -> list[tuple[str, int]]:
+def _percent_of_unsplit(size: float, catalog: GpuCatalog | None, policy: Policy,
+                        empty_ok: bool = False) -> list[tuple[str, int]]:
     """`limit NN%` without GPUs: each visible card that has no split of its own, by its own total
     (a limit on all GPUs spares split ones the same way)."""
     cards = policy.visible if policy.visible is not None else (tuple(catalog.refs()) if catalog else None)
     if cards is not None:
         cards = tuple(gpu for gpu in cards if gpu not in policy.split_map)
-    return _per_gpu_mib(size, catalog, cards)
+    return [] if empty_ok and cards == () else _per_gpu_mib(size, catalog, cards)
 
 
 def _per_gpu_mib(size: float, catalog: GpuCatalog | None, gpus: tuple[str, ...] | None) -> list[tuple[str, int]]:
@@ -431,14 +455,6 @@ def _per_gpu_mib(size: float, catalog: GpuCatalog | None, gpus: tuple[str, ...] 
     if not entries:
         raise PolicyError(f"{size:g}%: there is no GPU to take a percentage of")
     return entries
-
-
-def _free_and_busy(gpu: object) -> str:
-    free, busy = getattr(gpu, "memory_free_mib", None), getattr(gpu, "utilization_pct", None)
-    parts = [f"{free} MiB free" if free is not None else "free memory unknown"]
-    if busy is not None:
-        parts.append(f"{busy}% busy")
-    return ", ".join(parts)
 
 
 def parse_parts(text: str, gpu: str, catalog: GpuCatalog | None) -> tuple[int, ...]:

@@ -5,10 +5,30 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Container, Iterable, Mapping
 
 from ..errors import PolicyError
 from .words import ALL_GPUS, ALLOCATORS, LOGLEVELS
+
+AUTO_PICKED = "auto picked "
+"""How `visible auto` notes its pick in `Policy.sources` (a kernelspec turns it back into `auto:N`)."""
+
+
+def auto_pick_note(picked: Iterable[Any], shared: Container[str] = ()) -> str:
+    """The note on a `visible auto` pick (the magic's and the provisioner's): `auto picked GPU 2 (79.0
+    GiB free, 10% busy), ...`, from cards with `index`, `uuid`, `memory_free_mib` and `utilization_pct`
+    (`gpus.inventory.Gpu`); a card whose UUID is in `shared` was just given to another kernel too."""
+    from .sizes import mib_text
+
+    def card(gpu: Any) -> str:
+        parts = [f"{mib_text(gpu.memory_free_mib)} free" if gpu.memory_free_mib is not None else "free memory unknown"]
+        if gpu.utilization_pct is not None:
+            parts.append(f"{gpu.utilization_pct}% busy")
+        if gpu.uuid in shared:
+            parts.append("also just given to another kernel")
+        return f"GPU {gpu.index} ({', '.join(parts)})"
+
+    return AUTO_PICKED + ", ".join(card(gpu) for gpu in picked)
 
 MAX_MIB = 1024 * 1024
 """Largest memory size accepted (1 TiB); larger is surely a typo."""
@@ -124,6 +144,9 @@ class Policy:
     limits_written: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     """(GPU, `50%`) for each limit given as a share of its card, so the status shows it as written;
     the MiB in `limits` are what applies."""
+    limits_share: str | None = field(default=None, compare=False)
+    """`50%` where `limit 50%` was given for every GPU: the share then sizes whichever cards are visible
+    (the grammar sizes them again when `visible` or a split changes), in whatever order they came."""
 
     # ----- derived views -------------------------------------------------------------------
     @property
@@ -133,6 +156,11 @@ class Policy:
     @property
     def split_map(self) -> dict[str, tuple[int, ...]]:
         return dict(self.splits)
+
+    @property
+    def picked_automatically(self) -> bool:
+        """`visible` was chosen by `visible auto` (the freest GPUs), not named by the user."""
+        return bool(self.visible) and dict(self.sources).get("visible", "").startswith(AUTO_PICKED)
 
     @property
     def is_empty(self) -> bool:

@@ -6,21 +6,43 @@ tests/test_architecture.py keeps every `import tensorflow` of the package's modu
 tfgpu_magic/tf/. Each script gets `POLICY` (directives) and `ARGS` (the rule's values) from its one
 argument, applies the policy through the public API (`tfgpu_magic.configure` before the import, or
 `%tfgpu` in a real IPython shell), does what the rule needs with the real TensorFlow, and ends with
-`report(...)`: one line `MARKER + JSON` on stdout. Its stderr is the parent's to read.
+`report(...)`: one line framed with the run's nonce on stdout (`frames`: nothing else printed there
+counts). Its stderr is the parent's to read. When its stdin reaches EOF, the selftest that started
+it is gone, and it kills its own process group (`children`).
 """
 
 from __future__ import annotations
 
-MARKER = "TFGPU_SELFTEST_FIGURES "
+from . import frames
 
 PRELUDE = f"""\
-import json, os, sys
-_root, POLICY, ARGS = json.loads(sys.argv[1])
+import json, os, sys, threading
+_root, POLICY, ARGS, _nonce = json.loads(sys.argv[1])
 if _root not in sys.path:  # the parent's tfgpu_magic, wherever this process starts
     sys.path.append(_root)
 
+def _end_when_orphaned():
+    try:
+        while os.read(0, 65536):
+            pass
+    except OSError:
+        pass
+    os.killpg(os.getpgrp(), 9)
+
+threading.Thread(target=_end_when_orphaned, daemon=True).start()
+
+def _load_frames():  # by its path: importing the package would import tfgpu_magic, which the baseline must not
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_tfgpu_selftest_frames", {frames.__file__!r})
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+_frames = _load_frames()
+
 def report(**figures):
-    print({MARKER!r} + json.dumps(figures), flush=True)
+    sys.stdout.flush()
+    _frames.write(_nonce, figures)
 """
 
 CONFIGURE = """\

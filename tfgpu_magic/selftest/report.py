@@ -1,5 +1,5 @@
-"""The selftest's verdicts as rows, to JSON and back from JSON (what `%tfgpu selftest` reads from the
-process that ran them); `views.selftest` words them."""
+"""The selftest's verdicts as rows, to JSON and back from JSON (`%tfgpu selftest` reads them, one
+framed line per row, from the process that ran them); `views.selftest` words them."""
 
 from __future__ import annotations
 
@@ -34,7 +34,12 @@ def to_json(rows: list[Row]) -> str:
     return json.dumps([row._asdict() for row in rows], indent=2, ensure_ascii=False)
 
 
+def row_from(item: dict[str, Any]) -> Row:
+    """One object of `to_json` (or of a framed line, `frames`) as a row again."""
+    return Row(**{**item, "policy": tuple(item["policy"])})
+
+
 def from_json(text: str) -> list[Row]:
-    """`to_json`'s rows back, read by the parent of the process that ran the rules."""
-    return [Row(**{**item, "policy": tuple(item["policy"])}) for item in json.loads(text)]
+    """`to_json`'s rows back."""
+    return [row_from(item) for item in json.loads(text)]
 

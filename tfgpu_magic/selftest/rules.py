@@ -98,9 +98,18 @@ def verdict(ok: bool, expected: str, measured: str, why_fail: str = "", why_pass
 # ----- what each rule needs -------------------------------------------------------------------------------
 def needs_tensorflow(*policy: str) -> Callable[[Machine], Prepared | str]:
     def prepare(machine: Machine) -> Prepared | str:
-        return machine.tensorflow or Prepared(policy)
+        return machine.tensorflow or baseline_failed(machine) or Prepared(policy)
 
     return prepare
+
+
+def baseline_failed(machine: Machine) -> str | None:
+    """Why the run without a policy gave no result (it hangs, or fails to import): every other
+    TensorFlow rule is skipped with this instead of waiting on the same TensorFlow; None until it ran."""
+    baseline = machine.baseline
+    if baseline is None or baseline.figures is not None:
+        return None
+    return f"the run without a policy failed: {baseline.error}"
 
 
 def needs_gpus_in_nvml(*policy: str) -> Callable[[Machine], Prepared | str]:
@@ -139,8 +148,10 @@ def no_gpu_here(machine: Machine, nvml: bool) -> str | None:
     if machine.tensorflow:
         return machine.tensorflow
     baseline = machine.baseline
-    if baseline is None or baseline.figures is None:
-        return f"the run without a policy failed: {baseline.error if baseline else 'it did not run'}"
+    if baseline is None:
+        return "the run without a policy did not run"
+    if baseline.figures is None:
+        return baseline_failed(machine)
     if not baseline.figures["gpus"]:
         hints = [] if baseline.figures["cuda_build"] else ["this TensorFlow is a CPU-only build"]
         if machine.environ.get(CUDA_VISIBLE_DEVICES) is not None:
@@ -186,11 +197,16 @@ def judge_baseline(probe: Probe, prepared: Prepared, machine: Machine) -> Outcom
 
 
 def judge_cpu_split(count: int) -> Judge:
+    """Only what was measured: the CPUs TensorFlow lists after the policy (or the cell's error, and
+    then no count at all), never whether TensorFlow took the policy."""
+
     def judge(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
         f = probe.figures or {}
-        measured = f"error in the cell: {f['error']}" if f.get("error") else f"{f['cpus']}"
-        return verdict(f["cpus"] == count, f"{count} logical CPUs", measured,
-                       "TensorFlow accepted the policy but did not create the logical CPUs it asks for")
+        if f.get("error"):
+            return Outcome(FAIL, "the cell raised an error, so no logical CPU was counted", f"{count} logical CPUs",
+                           f"error in the cell: {f['error']}")
+        return verdict(f["cpus"] == count, f"{count} logical CPUs", f"{f['cpus']}",
+                       f"TensorFlow lists {f['cpus']} logical CPU(s) after the policy, not {count}")
 
     return judge
 
@@ -213,7 +229,7 @@ def judge_device_routes(probe: Probe, prepared: Prepared, machine: Machine) -> O
                    f"{CPU_SPLIT} CPU devices from each of device_lib.list_local_devices(), "
                    "Session(config=ConfigProto()) and Session()",
                    "device_lib {}, Session(config) {}, Session() {}".format(*counts),
-                   "a route that creates devices outside the eager context ignored the policy")
+                   "a route that creates devices outside the eager context lists another number of CPU devices")
 
 
 def judge_locked(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
@@ -336,7 +352,7 @@ def judge_growth(on: bool) -> Judge:
         measured = f"{mib_text(held)} of the card's {mib_text(total)} ({mib_text(free)} free before)"
         if on:
             return verdict(held < total * GROWTH_SHARE, f"under {mib_text(total * GROWTH_SHARE)} after a 1 MiB tensor",
-                           measured, "with growth on the process still took most of the card")
+                           measured, "with growth on the process holds a quarter of the card or more")
         return verdict(held >= free * GREEDY_SHARE,
                        f"at least {mib_text(free * GREEDY_SHARE)} (nearly all that was free)",
                        measured, "without growth TensorFlow should take nearly all free memory")
@@ -372,7 +388,7 @@ def judge_allocator(probe: Probe, prepared: Prepared, machine: Machine) -> Outco
     said = [line for line in probe.stderr if ASYNC_LINE in line]
     return verdict(bool(said), f"TensorFlow logs \"{ASYNC_LINE}\"",
                    said[0].split("] ", 1)[-1] if said else "no such line on stderr",
-                   "TensorFlow built its default allocator instead")
+                   "TensorFlow did not log that it built the async allocator")
 
 
 def judge_memory_info(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:

@@ -1,31 +1,39 @@
-"""What the server extension answers, put together from four sources, none of which asks a kernel:
+"""What the server extension answers (`jupyter/tfgpu-state.schema.json`: `gpusReply`, `kernelReply`), put
+together from four sources, none of which asks a kernel:
 
 - NVML (`gpus.inventory`, the one chokepoint): the cards and which pid holds how much memory;
-- the state each kernel publishes (`jupyter.kernelstate`): policy, TensorFlow's state, what waits for
-  a restart, and its pid; read as hostile (`safefile`: private, capped, regular files only) and
-  trusted only while /proc shows that pid running on that kernel's connection file;
-- /proc (`gpus.processes`): who owns a pid, and, for kernels that publish nothing, whether
-  TensorFlow's library is mapped (read once per pid until it is: it stays mapped);
+- the state each kernel publishes (`jupyter.kernelstate.read_state`: checked against the schema, and
+  trusted only while /proc shows its pid running on that kernel's connection file); a file that is not
+  valid spoils its own kernel's entry only;
+- /proc (`gpus.processes`), only for what a reply shows: who owns a pid on a card (its status file),
+  and, for kernels that publish nothing, whether TensorFlow's library is mapped (read once per pid
+  until it is: it stays mapped);
 - the server's own kernel and session models (notebook path, execution state, last activity),
   mapped by `jupyter.sessions.server_sessions` as it maps any server's replies.
 
-`read_machine` does the blocking reads (run off the event loop); the JSON builders are pure.
-Other users' processes show pid, user and memory only.
+The blocking reads (`read_kernels`, NVML) run off the event loop; the reply builders are pure and
+carry data only: English appears only in an error's `message`.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..errors import PolicyError
 from ..gpus import processes
-from ..gpus.inventory import MIB, Gpu, Inventory, read_inventory
+from ..gpus.cudaenv import Grant, grant_of
+from ..gpus.inventory import MIB, NO_BINDING, NO_DRIVER, Gpu, Inventory
 from ..jupyter import kernelstate
 from ..jupyter.sessions import KernelSession, server_sessions
+from ..language.policy import is_index
+from ..tf.envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES
+
+GPUS_FORMAT = "tfgpu_magic/gpus/2"
+KERNEL_FORMAT = "tfgpu_magic/kernel/2"
+KEEP_FORMAT = "tfgpu_magic/keep/2"
 
 
 @dataclass(frozen=True)
@@ -37,24 +45,17 @@ class KernelProcess:
     """Its process: the pid it published, else the one its provisioner started (None if unknown)."""
     state: dict[str, Any] | None
     """Its published state (checked); None where tfgpu_magic publishes nothing in it."""
-    tensorflow_mapped: bool | None
+    invalid: str | None = None
+    """Why its state file was refused (not ours, not valid): only this kernel's entry says so."""
+    tensorflow_mapped: bool | None = None
     """TensorFlow's library in its memory map (/proc), read only where it publishes no state."""
 
     @property
     def tensorflow(self) -> str | None:
-        """`kernelstate.TENSORFLOW_STATES`, "imported" where only the map tells, None where unknown."""
+        """`tensorflowState`; where only the memory map tells, `imported` or `not_imported`; None where unknown."""
         if self.state is not None:
-            return self.state["tensorflow"]
-        return None if self.tensorflow_mapped is None else ("imported" if self.tensorflow_mapped else "not imported")
-
-
-@dataclass(frozen=True)
-class Reading:
-    """One read of the machine: the cards, this server's kernels, the other processes on the cards."""
-
-    inventory: Inventory
-    kernels: dict[str, KernelProcess]
-    others: dict[int, processes.ProcessInfo] = field(default_factory=dict)
+            return self.state["tensorflow"]["state"]
+        return None if self.tensorflow_mapped is None else ("imported" if self.tensorflow_mapped else "not_imported")
 
 
 class TensorFlowSeen:
@@ -75,59 +76,39 @@ class TensorFlowSeen:
         self.pids &= live
 
 
-def runs_kernel(pid: int, kernel_id: str) -> bool:
-    """Whether /proc shows `pid` as the kernel on connection file `kernel-<kernel_id>.json`."""
-    return processes.kernel_id_of(processes.connection_file_of(processes.cmdline(pid))) == kernel_id
-
-
-def read_state(kernel_id: str, runtime_dir: Path) -> dict[str, Any] | None:
-    """The state kernel `kernel_id` published, checked field by field; None when there is none, it
-    is not a private regular file of ours, or the pid in it no longer runs that kernel (a kernel
-    killed before it could remove its file)."""
-    from .. import safefile
-
+def read_kernel(kernel_id: str, started: int | None, runtime_dir: Path, seen: TensorFlowSeen) -> KernelProcess:
+    """Kernel `kernel_id` as its state file and /proc show it; `started`: the pid its provisioner started."""
     try:
-        data = safefile.read_json(kernelstate.state_path(kernel_id, runtime_dir), kernelstate.STATE_BYTES, private=True)
-    except PolicyError:
-        return None
-    if not isinstance(data, dict) or data.get("format") != kernelstate.FORMAT or data.get("kernel_id") != kernel_id:
-        return None
-    pid, tensorflow, policy = data.get("pid"), data.get("tensorflow"), data.get("policy")
-    if not isinstance(pid, int) or tensorflow not in kernelstate.TENSORFLOW_STATES or not isinstance(policy, dict):
-        return None
-    if not runs_kernel(pid, kernel_id):
-        return None
-    return {
-        "pid": pid,
-        "policy": policy,
-        "policy_text": _strings(data.get("policy_text")),
-        "tensorflow": tensorflow,
-        "tensorflow_label": data["tensorflow_label"] if isinstance(data.get("tensorflow_label"), str) else tensorflow,
-        "initialized_by": data["initialized_by"] if isinstance(data.get("initialized_by"), str) else None,
-        "pending": [{"title": group["title"], "items": _strings(group.get("items"))}
-                    for group in data.get("pending") or []
-                    if isinstance(group, dict) and isinstance(group.get("title"), str)],
-    }
+        state = kernelstate.read_state(kernel_id, runtime_dir, processes.runs_kernel)
+    except kernelstate.StateInvalid as err:
+        return KernelProcess(kernel_id, started, None, invalid=str(err))
+    pid = state["pid"] if state is not None else started
+    mapped = seen.mapped(pid) if state is None and pid is not None else None
+    return KernelProcess(kernel_id, pid, state, tensorflow_mapped=mapped)
 
 
-def _strings(value: Any) -> list[str]:
-    return [item for item in value if isinstance(item, str)] if isinstance(value, list) else []
+def read_kernels(kernel_pids: dict[str, int | None], runtime_dir: Path, seen: TensorFlowSeen) -> dict[str, KernelProcess]:
+    """Every kernel of this server (`kernel_pids`: ids and the pids their provisioners started)."""
+    kernels = {kernel_id: read_kernel(kernel_id, started, runtime_dir, seen) for kernel_id, started in kernel_pids.items()}
+    seen.forget_except({kernel.pid for kernel in kernels.values() if kernel.pid is not None})
+    return kernels
 
 
-def read_machine(kernel_pids: dict[str, int | None], runtime_dir: Path, seen: TensorFlowSeen) -> Reading:
-    """The blocking reads: NVML, the kernels' state files, /proc. `kernel_pids`: this server's kernel
-    ids and the pids their provisioners started."""
-    inventory = read_inventory()
-    kernels = {}
-    for kernel_id, started in kernel_pids.items():
-        state = read_state(kernel_id, runtime_dir)
-        pid = state["pid"] if state is not None else started
-        mapped = seen.mapped(pid) if state is None and pid is not None else None
-        kernels[kernel_id] = KernelProcess(kernel_id, pid, state, mapped)
+class Owner:
+    """Who runs a pid on a card, from its /proc status only (what a reply shows)."""
+
+    __slots__ = ("uid", "user")
+
+    def __init__(self, pid: int) -> None:
+        self.uid = processes.uid_of(pid)
+        self.user = processes.user_name(self.uid)
+
+
+def owners(inventory: Inventory | None, kernels: dict[str, KernelProcess]) -> dict[int, Owner]:
+    """The owners of the processes on the cards that are not this server's kernels."""
     ours = {kernel.pid for kernel in kernels.values()}
-    on_gpus = {proc.pid for gpu in inventory.gpus for proc in gpu.processes}
-    seen.forget_except(ours)
-    return Reading(inventory, kernels, {pid: processes.describe(pid) for pid in sorted(on_gpus - ours)})
+    on_gpus = {proc.pid for gpu in (inventory.gpus if inventory else ()) for proc in gpu.processes}
+    return {pid: Owner(pid) for pid in sorted(on_gpus - ours)}
 
 
 class OwnServer:
@@ -146,12 +127,58 @@ def own_sessions(kernels: list[dict[str, Any]], sessions: list[dict[str, Any]]) 
     return {found.kernel_id: found for found in server_sessions(OwnServer(kernels, sessions))}  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
+class Machine:
+    """The cards as one NVML reading shows them to this server: None before the first reading."""
+
+    inventory: Inventory | None
+    host_pids: bool = False
+    """This server's pid namespace is not the host's (a container): NVML's pids are not ours to match."""
+    grant: Grant = Grant(None)
+    """What the server's `CUDA_VISIBLE_DEVICES` gives (a scheduler's or a container's grant): its
+    kernels inherit it."""
+
+    @property
+    def gpus(self) -> tuple[Gpu, ...]:
+        return self.inventory.gpus if self.inventory is not None else ()
+
+    def granted(self) -> set[int]:
+        """nvidia-smi indices of the cards within the grant: every card without one, or where its entries
+        cannot all be placed on cards (indices in CUDA's default order: nothing is claimed)."""
+        cards = self.grant.granted_cards() if self.grant.placed else None
+        return {gpu.index for gpu in self.gpus} if cards is None else set(cards)
+
+
+def server_grant(inventory: Inventory) -> Grant:
+    """The grant of the server's own environment, placed on `inventory`'s cards."""
+    return grant_of(os.environ.get(CUDA_VISIBLE_DEVICES), os.environ.get(CUDA_DEVICE_ORDER), inventory)
+
+
 # ----- the replies (pure) -------------------------------------------------------------------------
 def _bytes(mib: int | None) -> int | None:
     return None if mib is None else mib * MIB
 
 
-def _kernel_fields(kernel: KernelProcess, session: KernelSession | None, now: datetime) -> dict[str, Any]:
+def nvml_error(inventory: Inventory | None) -> dict[str, str] | None:
+    """`$defs/error` for a reading without fresh figures; None when NVML answered."""
+    if inventory is None:
+        return None
+    if inventory.blocked_seconds is not None:
+        return {"code": "driver_not_answering", "message": (inventory.error or inventory.warning or "")[:1000]}
+    if inventory.error is None:
+        return None
+    code = {NO_BINDING: "nvml_missing", NO_DRIVER: "no_driver"}.get(inventory.error, "nvml_failed")
+    return {"code": code, "message": inventory.error[:1000]}
+
+
+def gpu_status(machine: Machine) -> dict[str, Any]:
+    """`$defs/gpuStatus`."""
+    stale = machine.inventory.stale_seconds if machine.inventory is not None else None
+    return {"error": nvml_error(machine.inventory), "stale_seconds": stale, "host_pids": machine.host_pids}
+
+
+def kernel_ref(kernel: KernelProcess, session: KernelSession | None, now: datetime) -> dict[str, Any]:
+    """`$defs/kernelRef`."""
     return {
         "kernel_id": kernel.kernel_id,
         "notebook": session.notebook if session else None,
@@ -161,29 +188,46 @@ def _kernel_fields(kernel: KernelProcess, session: KernelSession | None, now: da
     }
 
 
-def gpus_reply(reading: Reading, sessions: dict[str, KernelSession], now: datetime) -> dict[str, Any]:
+def tensorflow_memory(kernel: KernelProcess, machine: Machine) -> dict[int, int]:
+    """nvidia-smi index → bytes TensorFlow's allocator says this kernel's tensors use on that card."""
+    if kernel.state is None or machine.inventory is None:
+        return {}
+    return kernelstate.memory_by_card(kernel.state, machine.inventory)
+
+
+def gpus_reply(machine: Machine, kernels: dict[str, KernelProcess], others: dict[int, Owner],
+               sessions: dict[str, KernelSession], now: datetime) -> dict[str, Any]:
     """`GET /api/tfgpu/gpus`: each card with each process on it; this server's kernels with their
-    notebook, state and idle time; other users' processes with user and memory only."""
+    notebook, state and idle time; other users' processes with user and memory only. In a container
+    (`host_pids`) NVML's pids are shown as they are, and this server's kernels by TensorFlow's own figure."""
     me = os.getuid() if hasattr(os, "getuid") else None
     my_name = processes.user_name(me)
-    by_pid = {kernel.pid: kernel for kernel in reading.kernels.values() if kernel.pid is not None}
+    by_pid = {} if machine.host_pids else {kernel.pid: kernel for kernel in kernels.values() if kernel.pid is not None}
+    granted = machine.granted()
+    own_figures = {kernel_id: tensorflow_memory(kernel, machine) for kernel_id, kernel in kernels.items()} \
+        if machine.host_pids else {}
     gpus = []
-    for gpu in reading.inventory.gpus:
+    for gpu in machine.gpus:
         rows = []
         for proc in gpu.processes:
-            row: dict[str, Any] = {"pid": proc.pid, "gpu_memory": _bytes(proc.used_mib)}
+            row: dict[str, Any] = {"pid": proc.pid, "gpu_memory": _bytes(proc.used_mib), "memory_source": "nvml"}
             kernel = by_pid.get(proc.pid)
             if kernel is not None:
-                row.update(user=my_name, mine=True, **_kernel_fields(kernel, sessions.get(kernel.kernel_id), now))
+                row.update(mine=True, user=my_name, kernel=kernel_ref(kernel, sessions.get(kernel.kernel_id), now))
             else:
-                info = reading.others.get(proc.pid)
-                row.update(user=info.user if info else None, mine=info is not None and info.uid == me)
+                owner = None if machine.host_pids else others.get(proc.pid)
+                row.update(mine=owner is not None and owner.uid == me, user=owner.user if owner else None, kernel=None)
             rows.append(row)
-        gpus.append(_card(gpu) | {"processes": rows})
-    return {"gpus": gpus, "error": reading.inventory.error}
+        for kernel_id, figures in own_figures.items():
+            if gpu.index in figures:
+                kernel = kernels[kernel_id]
+                rows.append({"pid": kernel.pid or 0, "gpu_memory": figures[gpu.index], "memory_source": "tensorflow",
+                             "mine": True, "user": my_name, "kernel": kernel_ref(kernel, sessions.get(kernel_id), now)})
+        gpus.append(_card(gpu, gpu.index in granted) | {"processes": rows})
+    return {"format": GPUS_FORMAT, "gpus": gpus, "gpu_status": gpu_status(machine)}
 
 
-def _card(gpu: Gpu) -> dict[str, Any]:
+def _card(gpu: Gpu, granted: bool) -> dict[str, Any]:
     return {
         "index": gpu.index,
         "name": gpu.name,
@@ -192,59 +236,60 @@ def _card(gpu: Gpu) -> dict[str, Any]:
         "memory_used": _bytes(gpu.memory_used_mib),
         "utilization": gpu.utilization_pct,
         "mig": [device.uuid for device in gpu.mig_devices],
+        "granted": granted,
     }
 
 
-def kernel_reply(kernel: KernelProcess, reading: Reading, session: KernelSession | None, now: datetime) -> dict[str, Any]:
+def kernel_reply(kernel: KernelProcess, machine: Machine, session: KernelSession | None, now: datetime) -> dict[str, Any]:
     """`GET /api/tfgpu/kernels/<id>`: the kernel's policy, TensorFlow's state, what waits for a restart,
     and its GPUs: those its policy makes visible, else those it holds memory on, else every card."""
     state = kernel.state
-    held = {gpu.index: sum(p.used_mib or 0 for p in gpu.processes if p.pid == kernel.pid)
-            for gpu in reading.inventory.gpus if any(p.pid == kernel.pid for p in gpu.processes)}
-    visible = _visible(state, reading.inventory)
-    if visible is not None:
-        named, source = visible, "policy"
-    elif held:
-        named, source = sorted(held), "memory"
+    if machine.host_pids:
+        held, source = tensorflow_memory(kernel, machine), "tensorflow"
     else:
-        named, source = [gpu.index for gpu in reading.inventory.gpus], "all"
-    cards = {gpu.index: gpu for gpu in reading.inventory.gpus}
-    pending = state["pending"] if state else []
+        held = {gpu.index: sum(p.used_mib or 0 for p in gpu.processes if p.pid == kernel.pid) * MIB
+                for gpu in machine.gpus if any(p.pid == kernel.pid for p in gpu.processes)}
+        source = "nvml"
+    visible = _visible(state, machine.inventory)
+    if visible is not None:
+        named, gpus_from = visible, "policy"
+    elif held:
+        named, gpus_from = sorted(held), "memory"
+    else:
+        named, gpus_from = [gpu.index for gpu in machine.gpus], "all"
+    cards = {gpu.index: gpu for gpu in machine.gpus}
+    known = machine.inventory is not None and machine.inventory.error is None
+    error = {"code": "state_invalid", "message": kernel.invalid[:1000]} if kernel.invalid else None
     return {
-        **_kernel_fields(kernel, session, now),
+        "format": KERNEL_FORMAT,
+        "kernel": kernel_ref(kernel, session, now),
         "pid": kernel.pid,
         "published": state is not None,
         "policy": state["policy"] if state else None,
-        "settings": [p for p in state["policy_text"] if not p.startswith(("visible", "(visible"))] if state else [],
-        "policy_text": state["policy_text"] if state else [],
-        "tensorflow_label": state["tensorflow_label"] if state else None,
-        "initialized_by": state["initialized_by"] if state else None,
-        "pending": pending,
-        "restart_needed": any(group["title"] == kernelstate.RESTART_TITLE for group in pending),
-        "gpus_from": source,
+        "tensorflow": state["tensorflow"] if state else None,
+        "pending": state["pending"] if state else [],
+        "restart_needed": state["restart_needed"] if state else False,
+        "keep": state["keep"] if state else False,
+        "gpus_from": gpus_from,
         "gpus": [{"index": index, "name": cards[index].name, "memory_total": _bytes(cards[index].memory_total_mib),
-                  "kernel_memory": _bytes(held.get(index, 0))} for index in named if index in cards],
-        "gpu_error": reading.inventory.error,
+                  "kernel_memory": held.get(index, 0) if known else None, "memory_source": source if known else None}
+                 for index in named if index in cards],
+        "gpu_status": gpu_status(machine),
+        "error": error,
     }
 
 
-def _visible(state: dict[str, Any] | None, inventory: Inventory) -> list[int] | None:
+def _visible(state: dict[str, Any] | None, inventory: Inventory | None) -> list[int] | None:
     """The nvidia-smi indices the published policy makes visible (UUIDs resolved through the
     inventory); None without a `visible` setting."""
-    refs = state["policy"].get("visible") if state else None
-    if not isinstance(refs, list):
+    refs = state["policy"]["visible"] if state else None
+    if refs is None:
         return None
     indices = []
     for ref in refs:
-        if isinstance(ref, str):
-            try:
-                device = inventory.find(ref) if inventory.available else None
-            except PolicyError:
-                continue
-            if isinstance(device, Gpu):
-                indices.append(device.index)
-            elif device is not None:  # a MIG instance: its card
-                indices += [gpu.index for gpu in inventory.gpus if device in gpu.mig_devices]
-            elif ref.isdigit():
-                indices.append(int(ref))
+        index = inventory.card_index(ref) if inventory is not None else None
+        if index is not None:
+            indices.append(index)
+        elif is_index(ref):
+            indices.append(int(ref))
     return sorted(set(indices))

@@ -1,22 +1,25 @@
-"""`GET /api/tfgpu/gpus` and `GET /api/tfgpu/kernels/<kernel_id>`, on jupyter_server's `APIHandler`.
+"""`GET /api/tfgpu/gpus`, `GET /api/tfgpu/kernels/<kernel_id>` and `POST /api/tfgpu/kernels/<kernel_id>/keep`,
+on jupyter_server's `APIHandler`.
 
-The server's own authentication and authorization apply (`@web.authenticated`: a request without
-it gets 403; `@authorized` on the `kernels` resource, so a server's Authorizer decides as it does for
-`/api/kernels`); there is no token of ours. NVML, /proc and the kernels' state files are read in a
-worker thread, one read at a time, and that read serves every request for `cache_seconds`: many
-tabs polling cost one read per period. Each reply carries its handler time in a `Server-Timing`
-header (https://www.w3.org/TR/server-timing/), which `benchmarks/bench_serverext.py` reads.
+The server's own authentication and authorization apply (`@web.authenticated`: a request without it
+gets 403; `@authorized` on the `kernels` resource, so a server's Authorizer decides as it does for
+`/api/kernels`; a POST is XSRF-checked as the server checks its own); there is no token of ours.
+NVML is read in a daemon thread of its own, one read at a time, each bounded by `gpus.inventory`'s
+deadline, and that read serves every request for `cache_seconds`; the kernels' state files and /proc
+likewise, separately: the kernel endpoint never waits on NVML (a wedged driver leaves it fast), and
+no thread of ours keeps the server from exiting. Each reply carries its handler time in a
+`Server-Timing` header (https://www.w3.org/TR/server-timing/), which `benchmarks/bench_serverext.py` reads.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable, TypeVar
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
@@ -25,50 +28,132 @@ from tornado import web
 from traitlets import Float
 from traitlets.config import LoggingConfigurable
 
+from .. import safefile
+from ..errors import PolicyError
+from ..gpus import processes
+from ..gpus.inventory import Inventory, read_inventory
+from ..jupyter import kernelstate, persist
 from ..jupyter.sessions import KernelSession
-from .gather import Reading, TensorFlowSeen, gpus_reply, kernel_reply, own_sessions, read_machine
+from .gather import (KEEP_FORMAT, KernelProcess, Machine, TensorFlowSeen, gpus_reply, kernel_reply, own_sessions,
+                     owners, read_kernel, read_kernels, server_grant)
 
 SETTINGS_KEY = "tfgpu_readings"
 """Where the handlers find the shared `Readings` in the tornado application's settings."""
+FIRST_READ_WAIT = 0.2
+"""Seconds the kernel endpoint waits for the server's very first NVML reading (never for a later one)."""
+
+T = TypeVar("T")
+
+
+def in_daemon_thread(function: Callable[..., T], *args: Any) -> Awaitable[T]:
+    """`function(*args)` in a daemon thread of its own: unlike the loop's default executor, whose
+    threads are joined at exit, a call stuck in a driver never keeps the server from stopping."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def run() -> None:
+        try:
+            result = function(*args)
+        except BaseException as err:  # handed to the awaiting request, which reports it
+            loop.call_soon_threadsafe(_settle, future, None, err)
+        else:
+            loop.call_soon_threadsafe(_settle, future, result, None)
+
+    threading.Thread(target=run, name="tfgpu_magic-read", daemon=True).start()
+    return future
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 class TFGPUServer(LoggingConfigurable):
     """Settings of the server extension (`c.TFGPUServer.cache_seconds = 2` in jupyter_server_config.py)."""
 
     cache_seconds = Float(
-        1.0, help="How long one read of NVML, /proc and the kernels' state files answers requests, in seconds."
+        1.0, help="How long one read of NVML, or of /proc and the kernels' state files, answers requests, in seconds."
     ).tag(config=True)
 
 
+class Cached:
+    """One value read off the event loop, shared by every request while younger than `max_age`; at
+    most one read in flight (requests meanwhile share it, or take the last value)."""
+
+    def __init__(self, read: Callable[[], Awaitable[Any]], max_age: float) -> None:
+        self.read = read
+        self.max_age = max_age
+        self.value: Any = None
+        self.taken = -math.inf
+        self.reading: asyncio.Task[Any] | None = None
+
+    def _start(self) -> asyncio.Task[Any]:
+        if self.reading is None:
+            self.reading = asyncio.ensure_future(self._read())
+        return self.reading
+
+    async def _read(self) -> Any:
+        try:
+            self.value = await self.read()
+            self.taken = time.monotonic()
+            return self.value
+        finally:
+            self.reading = None
+
+    async def get(self) -> Any:
+        """The value, waiting for a read when it is older than `max_age`."""
+        if time.monotonic() - self.taken > self.max_age:
+            await asyncio.shield(self._start())
+        return self.value
+
+    async def latest(self, first_wait: float) -> Any:
+        """The last value without waiting for a new one (a read starts if it is old); only before the
+        first value ever, up to `first_wait` seconds for it (None if it has not come)."""
+        if time.monotonic() - self.taken > self.max_age:
+            reading = self._start()
+            if self.taken == -math.inf:
+                try:
+                    await asyncio.wait_for(asyncio.shield(reading), first_wait)
+                except asyncio.TimeoutError:
+                    pass
+        return self.value
+
+
 class Readings:
-    """The last read of the machine and of this server's kernels and sessions, shared by every
-    request while it is younger than `cache_seconds`; at most one read runs at a time."""
+    """The last NVML reading and the last read of this server's kernels, each shared by every request."""
 
     def __init__(self, serverapp: Any, cache_seconds: float) -> None:
         self.serverapp = serverapp
-        self.cache_seconds = cache_seconds
-        self.lock = asyncio.Lock()
         self.seen = TensorFlowSeen()
-        self.last: tuple[Reading, dict[str, KernelSession]] | None = None
-        self.taken = -math.inf
+        self.nvml = Cached(self._read_machine, cache_seconds)
+        self.kernels = Cached(self._read_kernels, cache_seconds)
 
-    async def get(self, fresh: bool = False) -> tuple[Reading, dict[str, KernelSession]]:
-        """The current reading; `fresh`: newer than any reading taken before this call."""
-        asked = time.monotonic()
-        async with self.lock:
-            if self.last is None or time.monotonic() - self.taken > self.cache_seconds or (fresh and self.taken < asked):
-                self.last = await self._read()
-                self.taken = time.monotonic()
-            return self.last
+    @property
+    def runtime_dir(self) -> Path:
+        return Path(self.serverapp.kernel_manager.connection_dir)
 
-    async def _read(self) -> tuple[Reading, dict[str, KernelSession]]:
-        kernel_manager = self.serverapp.kernel_manager
-        kernels = kernel_manager.list_kernels()
-        sessions = await self.serverapp.session_manager.list_sessions()
-        pids = {model["id"]: started_pid(kernel_manager, model["id"]) for model in kernels}
-        directory = Path(kernel_manager.connection_dir)
-        reading = await asyncio.get_running_loop().run_in_executor(None, read_machine, pids, directory, self.seen)
-        return reading, own_sessions(kernels, sessions)
+    async def _read_machine(self) -> Machine:
+        inventory: Inventory = await in_daemon_thread(read_inventory)
+        return Machine(inventory, host_pids=processes.foreign_pid_namespace() is True, grant=server_grant(inventory))
+
+    async def _read_kernels(self) -> dict[str, KernelProcess]:
+        manager = self.serverapp.kernel_manager
+        pids = {model["id"]: started_pid(manager, model["id"]) for model in manager.list_kernels()}
+        return await in_daemon_thread(read_kernels, pids, self.runtime_dir, self.seen)
+
+    async def sessions(self) -> dict[str, KernelSession]:
+        """This server's kernels' notebooks and states, from its own models (never stale)."""
+        kernels = self.serverapp.kernel_manager.list_kernels()
+        return own_sessions(kernels, await self.serverapp.session_manager.list_sessions())
+
+    async def kernel(self, kernel_id: str) -> KernelProcess:
+        """Kernel `kernel_id` read now: its state file and /proc alone, whatever the other kernels hold."""
+        started = started_pid(self.serverapp.kernel_manager, kernel_id)
+        return await in_daemon_thread(read_kernel, kernel_id, started, self.runtime_dir, self.seen)
 
 
 def started_pid(kernel_manager: Any, kernel_id: str) -> int | None:
@@ -82,7 +167,7 @@ def started_pid(kernel_manager: Any, kernel_id: str) -> int | None:
 
 
 class TFGPUHandler(APIHandler):
-    """Shared by both handlers: the readings, and a JSON reply with its handler time."""
+    """Shared by the handlers: the readings, and a JSON reply with its handler time."""
 
     auth_resource = "kernels"
 
@@ -92,7 +177,11 @@ class TFGPUHandler(APIHandler):
 
     def reply(self, body: dict[str, Any], started: float) -> None:
         self.set_header("Server-Timing", f"tfgpu;dur={(time.perf_counter() - started) * 1000:.3f}")
-        self.finish(json.dumps(body))
+        self.finish(safefile.dumps(body))
+
+    def known(self, kernel_id: str) -> None:
+        if kernel_id not in self.kernel_manager:
+            raise web.HTTPError(404, f"this server has no kernel {kernel_id}")
 
 
 class GpusHandler(TFGPUHandler):
@@ -100,8 +189,10 @@ class GpusHandler(TFGPUHandler):
     @authorized
     async def get(self) -> None:
         started = time.perf_counter()
-        reading, sessions = await self.readings.get()
-        self.reply(gpus_reply(reading, sessions, datetime.now(timezone.utc)), started)
+        machine, kernels = await asyncio.gather(self.readings.nvml.get(), self.readings.kernels.get())
+        sessions = await self.readings.sessions()
+        others = owners(machine.inventory, kernels) if not machine.host_pids else {}
+        self.reply(gpus_reply(machine, kernels, others, sessions, datetime.now(timezone.utc)), started)
 
 
 class KernelHandler(TFGPUHandler):
@@ -109,15 +200,36 @@ class KernelHandler(TFGPUHandler):
     @authorized
     async def get(self, kernel_id: str) -> None:
         started = time.perf_counter()
-        if kernel_id not in self.kernel_manager:
-            raise web.HTTPError(404, f"this server has no kernel {kernel_id}")
-        reading, sessions = await self.readings.get()
-        if kernel_id not in reading.kernels:  # started since the last read
-            reading, sessions = await self.readings.get(fresh=True)
-        kernel = reading.kernels.get(kernel_id)
-        if kernel is None:
-            raise web.HTTPError(404, f"this server has no kernel {kernel_id}")
-        self.reply(kernel_reply(kernel, reading, sessions.get(kernel_id), datetime.now(timezone.utc)), started)
+        self.known(kernel_id)
+        machine = await self.readings.nvml.latest(FIRST_READ_WAIT) or Machine(None)
+        kernel = await self.readings.kernel(kernel_id)
+        sessions = await self.readings.sessions()
+        self.reply(kernel_reply(kernel, machine, sessions.get(kernel_id), datetime.now(timezone.utc)), started)
+
+
+class KeepHandler(TFGPUHandler):
+    """Store the policy kernel `kernel_id` published for the next kernel on its connection file, as
+    `%tfgpu restart` stores it from inside: the labextension's restart command asks this just before it
+    restarts, so a busy or hung kernel is never asked anything."""
+
+    @web.authenticated
+    @authorized
+    async def post(self, kernel_id: str) -> None:
+        started = time.perf_counter()
+        self.known(kernel_id)
+        connection = Path(self.kernel_manager.get_kernel(kernel_id).connection_file)
+        kernel = await in_daemon_thread(read_kernel, kernel_id, None, connection.parent, TensorFlowSeen())
+        if kernel.invalid is not None:
+            raise web.HTTPError(409, f"kernel {kernel_id}'s state file is not usable: {kernel.invalid}")
+        if kernel.state is None or not kernel.state["keep"]:
+            self.reply({"format": KEEP_FORMAT, "kept": False}, started)
+            return
+        policy = kernelstate.policy_from_record(kernel.state["policy"])
+        try:
+            await in_daemon_thread(persist.store_pending, kernel_id, policy, connection, connection.parent)
+        except (OSError, PolicyError) as err:
+            raise web.HTTPError(409, f"the policy could not be kept: {err}") from None
+        self.reply({"format": KEEP_FORMAT, "kept": True}, started)
 
 
 def setup_handlers(serverapp: Any) -> None:
@@ -126,7 +238,9 @@ def setup_handlers(serverapp: Any) -> None:
     settings = TFGPUServer(parent=serverapp)
     web_app.settings[SETTINGS_KEY] = Readings(serverapp, settings.cache_seconds)
     base = web_app.settings["base_url"]
+    kernel = r"api/tfgpu/kernels/(?P<kernel_id>[\w-]+)"
     web_app.add_handlers(".*$", [
         (url_path_join(base, "api/tfgpu/gpus"), GpusHandler),
-        (url_path_join(base, r"api/tfgpu/kernels/(?P<kernel_id>[\w-]+)"), KernelHandler),
+        (url_path_join(base, kernel), KernelHandler),
+        (url_path_join(base, kernel, "keep"), KeepHandler),
     ])

@@ -20,6 +20,12 @@ Setting = Literal["visible", "logical", "cpus", "growth", "variable"]
 GPU's memory growth, an environment variable."""
 
 
+LockReason = Literal["initialized", "import", "cuda_start", "allocator_creation", "devices_created", "no_call"]
+"""Why a change cannot be made in this process: the runtime is initialized; the variable's reader read
+it at TensorFlow's import, CUDA's start or the GPU allocators' creation (`envvars.Moment.code`); a route
+created GPU devices (`RuntimeState.devices_created`); TensorFlow has no call for it."""
+
+
 class Change(NamedTuple):
     """One setting that differs from what TensorFlow (or CUDA) has taken: `setting` of `device` (a
     device name; the device kind for `visible`; the name for a `variable`), from `current` to
@@ -29,8 +35,17 @@ class Change(NamedTuple):
     device: str
     current: Any
     desired: Any
-    why: str = ""
+    why: LockReason | None = None
     """Why it cannot change any more, when that is not initialization."""
+
+
+class Pending(NamedTuple):
+    """A change TensorFlow has not taken yet (`Controller.pending`): `why` it cannot be made now (None:
+    `%tfgpu apply` still can), and whether only a new process can make it."""
+
+    change: Change
+    why: LockReason | None
+    needs_restart: bool
 
 
 class Step(NamedTuple):
@@ -132,8 +147,7 @@ def pending_changes(plan: Plan, api: ConfigAPI) -> tuple[list[Step], list[str]]:
         # GPUProcessState::GetGPUAllocator (gpu_process_state.cc) builds each GPU's allocator once per
         # process and GpuIdManager keeps the first TF-to-CUDA id mapping: tf.config still accepts a
         # change, but the GPUs will not follow it (a changed split even fails at initialization).
-        why = f"GPU devices were created by {state.devices_created}"
-        gpu_steps = [Step(step.change._replace(why=why), None) for step in gpu_steps]
+        gpu_steps = [Step(step.change._replace(why="devices_created"), None) for step in gpu_steps]
     steps = [*(Step(change, None) for change in env_changes(plan)), *gpu_steps, *_logical_changes(plan, api, [], cpus)]
     notes = []
     missing = sorted(index for index in limit_table(plan)[0] if index >= len(gpus))

@@ -11,7 +11,7 @@ import sys
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 from ..errors import PolicyError
-from .runtime import NO_TENSORFLOW, Logical, RuntimeState, logical_entries, runtime_state
+from .runtime import NO_TENSORFLOW, Logical, RuntimeState, logical_entries, record_devices_created, runtime_state
 
 class ConfigAPI(Protocol):
     """The seam: the `tf.config` calls the runtime needs, with TensorFlow's rules."""

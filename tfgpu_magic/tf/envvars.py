@@ -11,16 +11,16 @@ from typing import NamedTuple
 
 
 class Moment(NamedTuple):
-    """When a reader reads its variables, once per process."""
+    """When a reader reads its variables, once per process. `code` is why a change made after this
+    moment no longer takes effect (a `tf.apply.LockReason`; `views.status` words it)."""
 
+    code: str
     name: str
-    too_late: str
-    """Why a change made after this moment no longer takes effect."""
 
 
-IMPORT = Moment("TensorFlow import", "read when TensorFlow was imported")
-CUDA_START = Moment("CUDA start (TensorFlow's first device listing)", "read when CUDA started")
-ALLOCATOR_CREATION = Moment("GPU allocator creation", "read when TensorFlow created the GPU allocators")
+IMPORT = Moment("import", "TensorFlow import")
+CUDA_START = Moment("cuda_start", "CUDA start (TensorFlow's first device listing)")
+ALLOCATOR_CREATION = Moment("allocator_creation", "GPU allocator creation")
 MOMENTS = (IMPORT, CUDA_START, ALLOCATOR_CREATION)
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-Listener = Callable[[str | None], object]
-"""Called with the initializing cell's description, or None when only the import happened."""
+Listener = Callable[[], object]
+"""Called when TensorFlow was imported or initialized (`tf.initcell.initialized_record` says where)."""
 
 _listeners: list[Listener] = []
 
@@ -23,7 +23,7 @@ def unsubscribe(listener: Listener) -> None:
         _listeners.remove(listener)
 
 
-def changed(initialized_by: str | None = None) -> None:
-    """TensorFlow's state changed: imported (`initialized_by` None) or initialized by that cell."""
+def changed() -> None:
+    """TensorFlow's state changed: imported, or initialized (and `tf.initcell` knows by which cell)."""
     for listener in list(_listeners):
-        listener(initialized_by)
+        listener()

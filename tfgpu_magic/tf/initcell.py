@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import linecache
 from types import FrameType
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Literal, NamedTuple
 
 from . import events
 from .memory import initialized
@@ -23,14 +23,35 @@ LINE_CHARS = 40
 
 OUTSIDE = "outside a cell (a startup file, an extension, a silent request such as a variable inspector's, or another thread)"
 
-_record: str | None = None
+class InitRecord(NamedTuple):
+    """Where the runtime was initialized: in cell In [`execution_count`] by `line`; outside any cell
+    (`execution_count`: the next cell's, where known); or before the watch began (`line`: `where()`)."""
+
+    where: Literal["cell", "outside_cell", "before_watch"]
+    execution_count: int | None = None
+    line: str | None = None
+
+    @property
+    def text(self) -> str:
+        """Worded to follow "initialized ": `by In [7]: `model.fit(x, y, ...``."""
+        if self.where == "cell":
+            return f"by In [{self.execution_count}]: `{self.line}`"
+        if self.where == "outside_cell":
+            return f"{OUTSIDE}, before In [{self.execution_count}]" if self.execution_count else OUTSIDE
+        return f"before tfgpu_magic could watch ({self.line})"
+
+
+_record: InitRecord | None = None
+
+
+def initialized_record() -> InitRecord | None:
+    """Where the runtime was initialized; None while unknown (not initialized yet, or never watched)."""
+    return _record
 
 
 def initialized_by() -> str | None:
-    """Where the runtime was initialized, worded to follow "initialized ": `by In [7]: `model.fit(x, y,
-    ...``, or what is known when it happened outside a cell; None while unknown (not initialized yet,
-    or never watched)."""
-    return _record
+    """`initialized_record()` worded to follow "initialized " (`InitRecord.text`); None while unknown."""
+    return None if _record is None else _record.text
 
 
 def label(state_label: str) -> str:
@@ -38,7 +59,7 @@ def label(state_label: str) -> str:
     locked ..." (unchanged while unknown)."""
     if _record is None or not state_label.startswith("initialized:"):
         return state_label
-    return f"initialized {_record}:" + state_label.removeprefix("initialized:")
+    return f"initialized {_record.text}:" + state_label.removeprefix("initialized:")
 
 
 def first_line(cell: str) -> str:
@@ -86,11 +107,11 @@ def cell_line(frame: FrameType | None, namespace: object) -> CellLine | None:
     return None
 
 
-def _record_once(text: str) -> None:
+def _record_once(record: InitRecord) -> None:
     global _record
     if _record is None:
-        _record = text
-        events.changed(initialized_by=text)  # a published state names the initializing cell
+        _record = record
+        events.changed()  # a published state names the initializing cell
 
 
 class InitWatch:
@@ -104,14 +125,15 @@ class InitWatch:
         if self.initialized():
             inputs = getattr(getattr(self.shell, "history_manager", None), "input_hist_parsed", None)
             count = len(inputs) if isinstance(inputs, list) else None  # this cell's input is stored later
-            _record_once(f"{OUTSIDE}, before In [{count}]" if count else OUTSIDE)
+            _record_once(InitRecord("outside_cell", count or None))
             self.stop()
 
     def post(self, result: Any = None) -> None:
         if self.initialized():
             count = getattr(result, "execution_count", None)
             cell = getattr(getattr(result, "info", None), "raw_cell", None) or ""
-            _record_once(f"by In [{count}]: `{initializing_line(cell)}`" if count is not None else OUTSIDE)
+            _record_once(InitRecord("cell", count, initializing_line(cell)) if count is not None
+                         else InitRecord("outside_cell"))
             self.stop()
 
     def seen(self, frame: FrameType) -> None:
@@ -142,7 +164,7 @@ def watch_initialization(shell: Any, initialized: Callable[[], bool] = initializ
     if shell is None or _record is not None:
         return None
     if initialized():
-        _record_once(f"before tfgpu_magic could watch ({where()})")
+        _record_once(InitRecord("before_watch", line=where()))
         return None
     watch = getattr(shell, _ATTRIBUTE, None)
     if watch is None:

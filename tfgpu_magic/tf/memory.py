@@ -13,11 +13,11 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Protocol, Sequence
 
-from ..gpus.cudaenv import parse_cuda_visible
+from ..gpus.cudaenv import grant_of
 from ..gpus.inventory import Gpu, Inventory, self_mib
 from ..language.policy import ALL_GPUS
 from ..language.sizes import mib_text
-from .envvars import CUDA_VISIBLE_DEVICES, TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR
+from .envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR
 from .apply import memory_limits
 from .plan import Plan
 from .configapi import ConfigAPI
@@ -154,26 +154,17 @@ def _no_cap(growth: bool, in_force: bool, soft: bool = False) -> str:
 
 
 # ----- which GPUs, in TensorFlow's order --------------------------------------------------------
-def cuda_order(controller: MemorySource, inventory: Inventory, state: RuntimeState, plan: Plan) -> list[str]:
-    """nvidia-smi indices of the GPUs CUDA shows this process, in TensorFlow's order (GPU:0 first).
-
-    `CUDA_VISIBLE_DEVICES` as CUDA read it once started, else as the plan will set it. The policy
-    sets `CUDA_DEVICE_ORDER=PCI_BUS_ID` whenever it has GPU settings, so the order is nvidia-smi's."""
-    plan_env = plan.env_map
-    raw = (plan_env[CUDA_VISIBLE_DEVICES] if CUDA_VISIBLE_DEVICES in plan_env and not state.cuda_fixed
-           else controller.environ.get(CUDA_VISIBLE_DEVICES))
+def cuda_order(controller: MemorySource, inventory: Inventory, state: RuntimeState, plan: Plan) -> list[str | None]:
+    """nvidia-smi indices of the GPUs CUDA shows this process, in TensorFlow's order (GPU:0 first):
+    `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER` as CUDA read them once started, else as the plan
+    will set them, placed on the cards as `gpus.cudaenv.grant_of` places a grant (None for an index
+    in CUDA's default order: which card it is, nvidia-smi's numbering cannot tell)."""
+    plan_env = {} if state.cuda_fixed else plan.env_map
+    raw, order = ((plan_env[name] if name in plan_env else controller.environ.get(name))
+                  for name in (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER))
     if raw is None:
         return [gpu.ref for gpu in inventory.gpus]
-    by_uuid = {device.uuid.lower(): gpu.ref for gpu in inventory.gpus for device in (gpu, *gpu.mig_devices)}
-    order = []
-    for entry in parse_cuda_visible(raw, inventory.known_refs()).entries:
-        if entry.isdigit():
-            order.append(entry)
-            continue
-        matches = [ref for uuid, ref in by_uuid.items() if uuid.startswith(entry.lower())]
-        if matches:
-            order.append(matches[0])
-    return order
+    return [None if card is None else str(card) for card in grant_of(raw, order, inventory).cards]
 
 
 class VisibleGpu(NamedTuple):
@@ -187,9 +178,9 @@ class VisibleGpu(NamedTuple):
 def visible_cards(controller: MemorySource, inventory: Inventory, state: RuntimeState, plan: Plan) -> list[VisibleGpu]:
     """The GPUs this process uses (or will), NVML's when it has them, else TensorFlow's once listed."""
     if inventory.available and inventory.gpus:
-        by_ref = {gpu.ref: gpu for gpu in inventory.gpus}
-        cards = [VisibleGpu(by_ref[ref], index) for index, ref in enumerate(cuda_order(controller, inventory, state, plan))
-                 if ref in by_ref]
+        by_ref: dict[str | None, Gpu] = {gpu.ref: gpu for gpu in inventory.gpus}
+        cards = [VisibleGpu(by_ref.get(ref), index)
+                 for index, ref in enumerate(cuda_order(controller, inventory, state, plan))]
     elif state.devices_listed:
         cards = [VisibleGpu(None, index) for index, _ in enumerate(controller.api.devices("GPU"))]
     else:
@@ -302,7 +293,9 @@ def memory_rows(controller: MemorySource, api: MemoryAPI | None = None,
         gpu, devices = card.gpu, logical.get(card.tf_index, [])
         figures = [stats[device] for device in devices if stats.get(device) is not None]
         cap = cap_for(controller, card, state, plan)
-        others = [proc for proc in gpu.processes if not proc.is_self] if gpu is not None else []
+        # is_self None: NVML's pids are the host's (a container), so which process is this one is unknown
+        unknown = gpu is not None and any(proc.is_self is None for proc in gpu.processes)
+        others = [proc for proc in gpu.processes if proc.is_self is False] if gpu is not None and not unknown else []
         rows.append(GpuMemory(
             gpu=gpu.ref if gpu is not None else None,
             tf_device=f"GPU:{card.tf_index}",
@@ -315,7 +308,7 @@ def memory_rows(controller: MemorySource, api: MemoryAPI | None = None,
             process_mib=self_mib(gpu) if gpu is not None else None,
             total_mib=gpu.memory_total_mib if gpu is not None else None,
             free_mib=gpu.memory_free_mib if gpu is not None else None,
-            others_mib=None if gpu is None or any(p.used_mib is None for p in others)
+            others_mib=None if gpu is None or unknown or any(p.used_mib is None for p in others)
             else sum(p.used_mib or 0 for p in others),
             other_processes=tuple(OtherProcess(proc.pid, proc.used_mib) for proc in others),
             cap_mib=cap.mib,

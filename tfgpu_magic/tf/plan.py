@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Mapping, NamedTuple, Sequence
 
-from ..gpus.cudaenv import parse_cuda_visible
+from ..gpus.cudaenv import PCI_BUS_ID, parse_cuda_visible
 from ..language.directives import gpu_name
 from ..language.policy import ALL_GPUS, ALLOCATORS, Policy, is_index
 from .envvars import (CPP_LOG_LEVEL, CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, TF_CPP_MIN_LOG_LEVEL,
@@ -83,6 +83,13 @@ def visible_order(policy: Policy, inherited: str | None) -> list[str] | None:
     return list(parse_cuda_visible(inherited).entries)
 
 
+def keeps_granted_order(policy: Policy, inherited: str | None) -> bool:
+    """Whether `CUDA_DEVICE_ORDER` must stay as inherited: the process was granted GPUs by index
+    (`CUDA_VISIBLE_DEVICES=2`) and the policy keeps that grant (no `visible`). CUDA reads the indices
+    in the inherited order; setting PCI_BUS_ID could make one of them another card (`gpus.cudaenv.Grant`)."""
+    return policy.visible is None and any(is_index(entry) for entry in visible_order(policy, inherited) or ())
+
+
 def tf_index(ref: str, order: Sequence[str] | None, aliases: Mapping[str, str] | None = None) -> int | None:
     """TensorFlow's index for GPU `ref` (nvidia-smi index or UUID), None if it cannot be known.
 
@@ -125,8 +132,8 @@ def build_plan(
                 notes.append("CUDA has already started: GPUs are hidden through tf.config.set_visible_devices")
     else:
         order = visible_order(policy, inherited_visible)
-        if uses_gpu_settings(policy):
-            env[CUDA_DEVICE_ORDER] = "PCI_BUS_ID"
+        if uses_gpu_settings(policy) and not keeps_granted_order(policy, inherited_visible):
+            env[CUDA_DEVICE_ORDER] = PCI_BUS_ID
         if policy.visible is not None:
             env[CUDA_VISIBLE_DEVICES] = ",".join(policy.visible)
     if policy.allocator is not None:

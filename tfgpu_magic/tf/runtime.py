@@ -71,7 +71,7 @@ class RuntimeState(NamedTuple):
     @property
     def label(self) -> str:
         if self.initialized:
-            return "initialized: device settings are locked until the kernel restarts"
+            return "initialized: device settings are locked until restart"
         if self.devices_created is not None:
             return f"GPU devices created by {self.devices_created}: memory settings are fixed until restart"
         if not self.imported:
@@ -84,11 +84,11 @@ class RuntimeState(NamedTuple):
 
 
 def too_late(name: str, state: RuntimeState) -> str | None:
-    """Why a change of environment variable `name` no longer takes effect, None while it still does
-    (the table's read time against TensorFlow's state). On a machine without GPUs the allocator
-    variables are never read, and stay harmless."""
+    """Why a change of environment variable `name` no longer takes effect (the moment's code, a
+    `tf.apply.LockReason`), None while it still does (the table's read time against TensorFlow's
+    state). On a machine without GPUs the allocator variables are never read, and stay harmless."""
     moment = envvars.read_at(name)
-    return moment.too_late if state.passed(moment) else None
+    return moment.code if state.passed(moment) else None
 
 
 _created_by: str | None = None

@@ -2,8 +2,9 @@
 selftest, `jupyter`) and returns what to show; the panel calls the same controller methods (export,
 apply, edits, pending changes). An action lives with the views because what it returns is shown.
 
-Every action has one signature, `(controller, shell, arg, **options)`, and `@runs(name)` puts it on
-its directive's registry entry (`Directive.run`), so the dispatcher calls any of them from there: `shell` is the IPython shell (None in a script), `arg` the
+Every action has one signature, `(controller, shell, arg, **options)`, and `@runs(name)` files it in
+`ACTIONS` under its directive's name (the registry stays data), so the dispatcher calls any of them
+from there: `shell` is the IPython shell (None in a script), `arg` the
 directive's one argument, `options` the `--options` with dashes as underscores (`--display-name` →
 `display_name`). Each returns plain text (print it unless empty) or a `views.results.Result`
 (display it: text in a terminal, HTML in a notebook); `views.results.show` does either. User
@@ -21,18 +22,22 @@ from typing import Any, Callable
 from ..controller import Controller
 from ..errors import PolicyError
 from ..jupyter import persist
-from ..language.directives import REGISTRY, lookup, spec
+from ..language.directives import spec
 from .results import DoctorResult, Result, RestartOffer, SelftestResult, StatusResult
 from .status import describe_policy, edit_report, pending_lines, snapshot
 
 Action = Callable[..., "str | Result"]
 
 
+ACTIONS: dict[str, Action] = {}
+"""Every action by its directive's name (`runs`); `tests/test_registry.py` checks there is one per action."""
+
+
 def runs(name: str) -> Callable[[Action], Action]:
-    """Put the decorated function on action `name`'s registry entry as what it runs."""
+    """File the decorated function in `ACTIONS` as what action `name` runs (a declared action: `spec`)."""
 
     def register(action: Action) -> Action:
-        spec(name).run = action
+        ACTIONS[spec(name).name] = action
         return action
 
     return register
@@ -113,14 +118,19 @@ def selftest(controller: Controller, shell: Any = None, arg: str | None = None, 
              json: bool = False) -> SelftestResult | str:
     """`%tfgpu selftest [--json]`: each rule of the policy proven on this machine, each in a fresh process,
     all run by a child `python -m tfgpu_magic selftest` with the environment this process started with
-    (this kernel's own TensorFlow stays untouched); with `json`, the verdicts as a JSON list."""
+    (this kernel's own TensorFlow stays untouched). A line per rule as it is decided, then the table;
+    with `json`, only the verdicts as a JSON list. An interrupt stops every process it started."""
     import time
 
     from ..selftest.report import to_json
     from ..selftest.run import run_outside
+    from .selftest import progress
+
+    def said(row: Any) -> None:
+        print(progress(row), flush=True)
 
     start = time.monotonic()
-    rows = run_outside(controller.inherited_environment())
+    rows = run_outside(controller.inherited_environment(), None if json else said)
     return to_json(rows) if json else SelftestResult(tuple(rows), time.monotonic() - start)
 
 
@@ -230,16 +240,12 @@ def who(controller: Controller, shell: Any = None, arg: str | None = None, *,
         return shutdown_text(holders.shutdown(shutdown, yes=yes))
     if yes:
         raise PolicyError("--yes confirms `--shutdown KERNEL_ID`; alone it does nothing")
-    return report(controller.inventory())
-
-
-ACTIONS: dict[str, Action] = {entry.name: entry.run for entry in REGISTRY if entry.kind == "action" and entry.run}
-"""Every action by directive name, as the registry entries carry them (`runs`)."""
+    return report(controller.inventory(), grant=controller.grant())
 
 
 def run(name: str, controller: Controller, shell: Any, arg: str | None = None, **options: Any) -> str | Result:
     """Run action `name`; `options` as keyword arguments (`yes=True`, `display_name="..."`)."""
-    entry = lookup(name)
-    if entry is None or entry.run is None:
+    action = ACTIONS.get(name)
+    if action is None:
         raise PolicyError(f"`{name}` is not an action")
-    return entry.run(controller, shell, arg, **options)
+    return action(controller, shell, arg, **options)

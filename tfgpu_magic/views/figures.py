@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..language.sizes import bytes_text, mib_text
+from ..language.sizes import bytes_text, gib_pair, mib_text
 from ..gpus.inventory import Inventory
 from ..tf.memory import GpuMemory, MemoryAPI, memory_rows
 from ..tf.runtime import RuntimeState
@@ -17,12 +17,16 @@ NO_GPU_HINT = "`%tfgpu doctor` says why"
 
 
 def no_gpu_line(controller: Controller, inventory: Inventory | None = None) -> str:
-    """The one line without GPUs: why NVML and TensorFlow list none."""
+    """The one line without GPUs in this process: what NVML sees (none, or cards this process does not
+    get) and what TensorFlow lists."""
     inventory = inventory or controller.inventory()
     state = controller.state()
-    nvml = inventory.error or "NVML sees none"
+    count = len(inventory.gpus)
+    nvml = inventory.error or (f"NVML sees {count} GPU{'' if count == 1 else 's'}" if count else "NVML sees none")
     if state.devices_listed:
-        return f"No GPU: TensorFlow lists none, and {nvml}. {NO_GPU_HINT}."
+        return f"No GPU in this process: TensorFlow lists none, and {nvml}. {NO_GPU_HINT}."
+    if count:
+        return f"No GPU in this process: {nvml}, and CUDA_VISIBLE_DEVICES leaves it none. {NO_GPU_HINT}."
     return f"No GPU found: {nvml}. {NO_GPU_HINT}."
 
 
@@ -60,7 +64,7 @@ def render(rows: list[GpuMemory], state: RuntimeState) -> str:
             tensors,
             mib_text(row.process_mib) if row.gpu is not None else "?",
             mib_text(row.others_mib) if row.gpu is not None else "?",
-            f"{mib_text(row.free_mib)} / {mib_text(row.total_mib)}",
+            gib_pair(row.free_mib, row.total_mib),
             row.cap_text,
         ))
     widths = [max(len(line[i]) for line in table) for i in range(len(HEADERS))]

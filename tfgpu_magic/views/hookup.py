@@ -2,8 +2,8 @@
 
 Lower rooms find and decide; they say nothing themselves (docs/architecture.md, the layer table). So
 where a view creates or takes the process-wide controller (the magic, the panel, `configure()`), it
-hooks up, once, the words for what applying at `import tensorflow` left undone (stderr), for the
-notes after an out-of-memory error, and for the pending changes a server's kernel publishes. Each
+hooks up, once, the words for what applying at `import tensorflow` left undone (stderr) and for the
+notes after an out-of-memory error, and starts publishing a server's kernel's state (data). Each
 view module that words them is imported only when there is something to say: a kernel that a
 restart left a pending policy does this before its first cell, while the user waits.
 """
@@ -17,7 +17,7 @@ from ..tf.runtime import current_shell
 
 if TYPE_CHECKING:
     from ..controller import Controller
-    from ..tf.apply import ApplyReport, Change
+    from ..tf.apply import ApplyReport
     from ..tf.oom import Outcome
 
 
@@ -36,7 +36,7 @@ def hook_up(controller: Controller) -> Controller:
 
     controller.on_import_failure = _warn_import_failure
     oom.settings.words = _oom_text
-    start_publishing(current_shell(), controller, word=_change_text)  # in a server's kernel only
+    start_publishing(current_shell(), controller)  # in a server's kernel only
     return controller
 
 
@@ -50,9 +50,3 @@ def _oom_text(outcome: Outcome) -> str:
     from .oom import outcome_text
 
     return outcome_text(outcome)
-
-
-def _change_text(change: Change) -> str:
-    from .status import change_text
-
-    return change_text(change)

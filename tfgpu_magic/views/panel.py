@@ -24,7 +24,7 @@ from ..language.directives import LOGLEVEL_OFF
 from ..language.grammar import Edit, default_edit
 from ..language.policy import LOGLEVELS
 from ..language.words import ALLOCATORS
-from ..language.sizes import directive_size, gib_pair, mib_text
+from ..language.sizes import directive_size, gib_pair, mib_count, mib_text, split_size
 from .confirm import whole_layout
 from .results import badge, state_label_html, text_html
 from .hookup import shared_controller
@@ -72,7 +72,7 @@ def memory_bar(row: ListedGpu, gpu: Gpu | None = None) -> str:
                        f"background:{color}'></span>"
                        for mib, color in ((mine, YOU_COLOR), (row.used_mib - mine, OTHERS_COLOR)) if mib > 0)
     return _cell(f"<span style='{BAR_CSS}'>{segments}</span> {gib_pair(row.used_mib, row.total_mib)}",
-                 f"{row.used_mib:,} of {row.total_mib:,} MiB used")
+                 f"{mib_count(row.used_mib, grouped=True)} of {mib_count(row.total_mib, grouped=True)} MiB used")
 
 
 def busy_text(gpu: Gpu | None) -> str:
@@ -86,7 +86,7 @@ def processes_text(gpu: Gpu | None) -> str:
     """Who holds the card: this kernel's share first (`you: 1.0 GiB`), then the other processes."""
     if gpu is None:
         return _cell("")
-    others = [p for p in gpu.processes if not p.is_self]
+    others = [p for p in gpu.processes if p.is_self is not True]  # None: a host pid, whose owner is unknown here
     mine = len(others) < len(gpu.processes)
     parts = [f"<b style='color:{YOU_COLOR}'>you: {mib_text(own_mib(gpu))}</b>"] if mine else []
     if others:
@@ -112,11 +112,7 @@ def limit_text(mib: int | None) -> str:
 
 def split_text(sizes: tuple[int, ...] | None) -> str:
     """A split as the grammar writes it ('' for none)."""
-    if not sizes:
-        return ""
-    if len(set(sizes)) == 1:
-        return f"{len(sizes)}x{directive_size(sizes[0])}"
-    return ",".join(directive_size(mib) for mib in sizes)
+    return split_size(sizes) if sizes else ""
 
 
 class Panel:
@@ -238,19 +234,24 @@ class Panel:
         self.live.observe(lambda c: self.set_live(c["new"]), "value")
 
     # ----- edits ---------------------------------------------------------------------------
+    def _named(self, ref: str) -> str:
+        """How a directive names the card of row `ref` (its nvidia-smi index): by that index, or, in a
+        kernel started with a grant, where an index counts within the grant, by the card's UUID."""
+        if not self.controller.grant().restricts:
+            return ref
+        return next((gpu.uuid for gpu in self.controller.inventory().gpus if gpu.ref == ref), ref)
+
     def _visible_directive(self) -> str:
-        chosen = [ref for ref, box in self.visible.items() if box.value]
+        chosen = [self._named(ref) for ref, box in self.visible.items() if box.value]
         if len(chosen) == len(self.visible):
             return "visible all"
         return f"visible {','.join(chosen)}" if chosen else "visible none"
 
-    @staticmethod
-    def _limit_directive(ref: str, text: str) -> str:
-        return f"limit {text.strip()} {ref}" if text.strip() else f"limit off {ref}"
+    def _limit_directive(self, ref: str, text: str) -> str:
+        return f"limit {text.strip()} {self._named(ref)}" if text.strip() else f"limit off {self._named(ref)}"
 
-    @staticmethod
-    def _split_directive(ref: str, text: str) -> str:
-        return f"split {ref} {text.strip()}" if text.strip() else f"split off {ref}"
+    def _split_directive(self, ref: str, text: str) -> str:
+        return f"split {self._named(ref)} {text.strip()}" if text.strip() else f"split off {self._named(ref)}"
 
     def _edit(self, directive: str | Edit) -> None:
         """Send one directive (or the grammar's edit back to TF's default) through the grammar's edit

@@ -13,11 +13,12 @@ import html
 import re
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..gpus.cudaenv import Grant
 from ..gpus.inventory import Inventory
 from ..tf import initcell
 from ..language.policy import short_uuid
-from ..language.sizes import mib_count
-from .status import StatusSnapshot, no_gpus_text, shown_variable, status_text
+from ..language.sizes import gib_pair, mib_text
+from .status import StatusSnapshot, no_gpus_text, outside_grant, shown_variable, status_text
 
 if TYPE_CHECKING:
     from ..doctor import Check
@@ -132,24 +133,27 @@ def _list(items: tuple[str, ...] | list[str]) -> str:
     return "<ul style='margin:0;padding-left:1.2em'>" + "".join(f"<li>{text_html(i)}</li>" for i in items) + "</ul>"
 
 
-def gpus_html(inventory: Inventory) -> str:
-    """The GPU list as a table (nvidia-smi numbering), or why there is none."""
+def gpus_html(inventory: Inventory, grant: Grant = Grant(None)) -> str:
+    """The GPU list as a table (nvidia-smi numbering), each card outside the grant muted and marked,
+    or why there is none."""
     why = no_gpus_text(inventory)
     if why is not None:
         return text_html(why)
     head = "".join(f"<th style='{CELL}'>{title}</th>" for title in ("GPU", "name", "memory used", "busy", "UUID"))
     lines = [f"<tr>{head}</tr>"]
     for gpu in inventory.gpus:
-        used, total = mib_count(gpu.memory_used_mib, grouped=True), mib_count(gpu.memory_total_mib, grouped=True)
-        procs = "".join(f"<br><span style='{MUTED}'>MIG {html.escape(str(mig.uuid))}: "
-                        f"{mib_count(mig.memory_total_mib)} MiB</span>"
-                        for mig in gpu.mig_devices)
-        procs += "".join(f"<br><span style='{MUTED}'>pid {p.pid}: {mib_count(p.used_mib)} MiB"
-                        f"{' (this kernel)' if p.is_self else ''}</span>" for p in gpu.processes)
+        outside = outside_grant(gpu, grant)
+        procs = f"<br><span style='{MUTED}'>{html.escape(outside)}</span>" if outside else ""
+        procs += "".join(f"<br><span style='{MUTED}'>MIG {html.escape(str(mig.uuid))}: "
+                         f"{mib_text(mig.memory_total_mib)}</span>"
+                         for mig in gpu.mig_devices)
+        procs += "".join(f"<br><span style='{MUTED}'>pid {p.pid}: {mib_text(p.used_mib)}"
+                         f"{' (this kernel)' if p.is_self else ''}</span>" for p in gpu.processes)
         busy = "" if gpu.utilization_pct is None else f"{gpu.utilization_pct}%"
-        cells = [html.escape(str(gpu.index)), html.escape(gpu.name or "GPU") + procs, f"{used} / {total} MiB", busy,
-                 code(short_uuid(str(gpu.uuid)), str(gpu.uuid))]
-        lines.append("<tr>" + "".join(f"<td style='{CELL}'>{cell}</td>" for cell in cells) + "</tr>")
+        cells = [html.escape(str(gpu.index)), html.escape(gpu.name or "GPU") + procs,
+                 gib_pair(gpu.memory_used_mib, gpu.memory_total_mib), busy, code(short_uuid(str(gpu.uuid)), str(gpu.uuid))]
+        style = f" style='{MUTED}'" if outside else ""
+        lines.append(f"<tr{style}>" + "".join(f"<td style='{CELL}'>{cell}</td>" for cell in cells) + "</tr>")
     caption = f"<span style='{MUTED}'>NVML, driver {html.escape(str(inventory.driver_version))}</span>"
     return caption + f"<table style='{TABLE}'>{''.join(lines)}</table>"
 
@@ -174,7 +178,7 @@ class StatusResult(Result):
             ("Variables", env or "none set"),
         ]
         rows += [("", text_html(line)) for line in snap.cuda_visible]
-        rows.append(("GPUs", gpus_html(snap.inventory)))
+        rows.append(("GPUs", gpus_html(snap.inventory, snap.grant)))
         if snap.recorded is not None:
             rows.append(("Recorded", _list(snap.recorded) if snap.recorded else "nothing yet (devices not listed)"))
         for title, items in snap.pending:

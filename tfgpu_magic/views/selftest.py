@@ -1,8 +1,10 @@
 """The selftest's verdicts as plain text, one block per rule like `%tfgpu doctor`: what `python -m
-tfgpu_magic selftest` prints and `%tfgpu selftest` shows in a terminal (the rows come from
-`selftest.report`)."""
+tfgpu_magic selftest` prints (a block as each rule is decided) and `%tfgpu selftest` shows in a
+terminal (a line as each rule is decided, then the whole); the rows come from `selftest.report`."""
 
 from __future__ import annotations
+
+import sys
 
 from ..selftest.report import Row
 from ..selftest.rules import FAIL, PASS, SKIP
@@ -19,13 +21,30 @@ def header(rows: list[Row]) -> str:
             f"TensorFlow {figures['version']} ({build}, {figures['gpus']} GPU(s))")
 
 
+def opening(timeout: float, deadline: float) -> str:
+    """The first line `python -m tfgpu_magic selftest` prints, before any rule is decided."""
+    return (f"tfgpu_magic selftest · Python {sys.version.split()[0]} ({sys.executable}) · each process at most "
+            f"{timeout:.0f} s, the whole run at most {deadline:.0f} s")
+
+
+def progress(row: Row) -> str:
+    """`[pass] split-cpu  (7.4 s)`, with why for a fail or a skip: what `%tfgpu selftest` prints as each
+    rule is decided, before the whole table."""
+    why = f" · {row.why}" if row.why and row.verdict != PASS else ""
+    return f"[{row.verdict}] {row.rule}{took(row)}{why}"
+
+
 def block(row: Row) -> str:
     """`[pass] rule: claim  (3.1 s)` and a line with the policy, expected, measured and why."""
-    took = f"  ({row.seconds:.1f} s)" if row.verdict != SKIP else ""
     parts = [f"policy: {'; '.join(row.policy)}"] if row.policy else []
     parts += [f"{name}: {value}" for name, value in (("expected", row.expected), ("measured", row.measured),
                                                      ("why", row.why)) if value]
-    return f"[{row.verdict}] {row.rule}: {row.claim}{took}" + ("\n       " + " · ".join(parts) if parts else "")
+    return f"[{row.verdict}] {row.rule}: {row.claim}{took(row)}" + ("\n       " + " · ".join(parts) if parts else "")
+
+
+def took(row: Row) -> str:
+    """`  (3.1 s)`: the time its process ran; nothing for a skip."""
+    return f"  ({row.seconds:.1f} s)" if row.verdict != SKIP else ""
 
 
 def summary(rows: list[Row], seconds: float | None = None, workers: int | None = None) -> str:

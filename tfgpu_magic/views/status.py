@@ -10,12 +10,12 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..gpus.cudaenv import parse_cuda_visible
-from ..gpus.inventory import Inventory
+from ..gpus.cudaenv import Grant, grant_of, parse_cuda_visible
+from ..gpus.inventory import Gpu, Inventory
 from ..language.directives import describe_policy
-from ..language.policy import is_index, quote, short_uuid
-from ..language.sizes import mib_count
-from ..tf.envvars import CUDA_VISIBLE_DEVICES, NAMES
+from ..language.policy import quote, short_uuid
+from ..language.sizes import directive_size, gib_pair, mib_text
+from ..tf.envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, NAMES
 from ..tf import initcell
 from ..tf.apply import ApplyReport, Change, Recorded, Refusal
 from ..tf.runtime import NO_GPU, NO_GPU_NOTE, LogicalSpec, RuntimeState, current_shell
@@ -83,7 +83,7 @@ def describe_report(report: ApplyReport, restart_hint: str = RESTART_HINT, actio
             if report.state.initialized
             else "TensorFlow cannot change these settings in this process any more:"
         )
-        lines += [f"  - {item_text(item)}" for item in locked]
+        lines += [f"  - {item_text(item, report.state.devices_created)}" for item in locked]
         lines.append(restart_hint if action == "reset" else "The policy is recorded. " + restart_hint)
     if earlier:
         lines.append(f"{earlier} earlier change{'s' if earlier > 1 else ''} still wait{'' if earlier > 1 else 's'} "
@@ -134,7 +134,7 @@ def shown(value: Any) -> str:
 
 def _shown_entry(entry: int | None | LogicalSpec) -> str:
     if not isinstance(entry, LogicalSpec):
-        return "one logical device" if entry is None else f"{entry} MiB"
+        return "one logical device" if entry is None else directive_size(entry)
     extras = [f"{name} {value}" for name, value in zip(("priority", "ordinal"), entry[1:]) if value is not None]
     return f"{_shown_entry(entry.memory_limit)} ({', '.join(extras)})"
 
@@ -144,20 +144,30 @@ SETTINGS = {"visible": "visible GPUs", "logical": "logical devices of {device}",
 """What each kind of `Change` is called (`tf.apply.Setting`)."""
 
 
-def change_text(change: Change) -> str:
-    """`logical devices of GPU:0: TF default → 1024 MiB` (and why it cannot change, if not initialization)."""
+WHY = {"import": "read when TensorFlow was imported", "cuda_start": "read when CUDA started",
+       "allocator_creation": "read when TensorFlow created the GPU allocators",
+       "devices_created": "GPU devices were created by {route}"}
+"""Why a `Change` cannot be made any more (`tf.apply.LockReason`), where that is not initialization."""
+PENDING_TITLES = {True: "Pending, needs a restart", False: "Not applied yet (`%tfgpu apply`)"}
+"""The groups of `Controller.pending()`, by `needs_restart`."""
+
+
+def change_text(change: Change, route: str | None = None) -> str:
+    """`logical devices of GPU:0: TF default → 1024 MiB` (and why it cannot change, if not initialization;
+    `route`: what created the GPU devices, `RuntimeState.devices_created`)."""
     word = (lambda value: value or "unset") if change.setting == "variable" else shown
     text = f"{SETTINGS[change.setting].format(device=change.device)}: {word(change.current)} → {word(change.desired)}"
-    return text + (f" ({change.why})" if change.why else "")
+    why = WHY.get(change.why or "")
+    return text + (f" ({why.format(route=route)})" if why else "")
 
 
-def item_text(item: Change | Refusal | str) -> str:
+def item_text(item: Change | Refusal | str, route: str | None = None) -> str:
     """An `ApplyReport` item as its message words it: a change, a change TensorFlow refused (with
     TensorFlow's words), or a line as it is (a variable set, a logger changed)."""
     if isinstance(item, Refusal):
-        what = "listing TensorFlow's devices" if item.change is None else change_text(item.change)
+        what = "listing TensorFlow's devices" if item.change is None else change_text(item.change, route)
         return f"{what}: TensorFlow said: {item.said}"
-    return item if isinstance(item, str) else change_text(item)
+    return item if isinstance(item, str) else change_text(item, route)
 
 
 def recorded_lines(records: list[Recorded]) -> list[str]:
@@ -178,8 +188,13 @@ def recorded_lines(records: list[Recorded]) -> list[str]:
 
 
 def pending_lines(source: Controller, state: RuntimeState | None = None) -> list[tuple[str, list[str]]]:
-    """`Controller.pending()`'s groups, each change worded."""
-    return [(title, [change_text(change) for change in changes]) for title, changes in source.pending(state)]
+    """`Controller.pending()` in its two groups (needs a restart, `%tfgpu apply` can), each titled and
+    each change worded."""
+    state = state or source.state()
+    pending = source.pending(state)
+    groups = [(title, [change_text(item.change, state.devices_created) for item in pending if item.needs_restart is restart])
+              for restart, title in PENDING_TITLES.items()]
+    return [(title, items) for title, items in groups if items]
 
 
 def initialized_by() -> str:
@@ -249,6 +264,8 @@ class StatusSnapshot(NamedTuple):
     cuda_visible: tuple[str, ...]
     """`CUDA_VISIBLE_DEVICES` as CUDA reads it (`describe_cuda_visible`)."""
     inventory: Inventory
+    grant: Grant
+    """The GPUs this process was started with (`Controller.grant`): the cards outside it are marked."""
     recorded: tuple[str, ...] | None
     """What TensorFlow recorded; None while it is not imported."""
     pending: tuple[tuple[str, tuple[str, ...]], ...]
@@ -270,8 +287,10 @@ def snapshot(source: Controller) -> StatusSnapshot:
         state=state,
         policy=tuple(describe_policy(source.policy, gpu_names_of(inventory))),
         environment=tuple(environment.items()),
-        cuda_visible=tuple(describe_cuda_visible(environment.get(CUDA_VISIBLE_DEVICES), inventory)),
+        cuda_visible=tuple(describe_cuda_visible(environment.get(CUDA_VISIBLE_DEVICES), inventory,
+                                                 environment.get(CUDA_DEVICE_ORDER))),
         inventory=inventory,
+        grant=source.grant(),
         recorded=None if recorded is None else tuple(recorded_lines(recorded)),
         pending=tuple((title, tuple(items)) for title, items in pending_lines(source, state)),
         notes=tuple(source.plan(state).notes),
@@ -285,7 +304,7 @@ def status_text(snap: StatusSnapshot) -> str:
     env = [shown_variable(name, value) for name, value in snap.environment]
     lines.append(row("Variables", env or "none set", ", "))
     lines += [fit(line) for line in snap.cuda_visible]
-    lines += describe_gpus(snap.inventory)
+    lines += describe_gpus(snap.inventory, snap.grant)
     if snap.recorded is not None:
         lines.append("TensorFlow recorded:" + ("" if snap.recorded else " nothing yet (devices not listed)"))
         lines += [fit(f"  {line}") for line in snap.recorded]
@@ -301,8 +320,10 @@ def describe_status(source: Controller) -> str:
     return status_text(snapshot(source))
 
 
-def describe_cuda_visible(raw: str | None, inventory: Inventory) -> list[str]:
-    """`CUDA_VISIBLE_DEVICES` resolved the way CUDA reads it (nothing when unset)."""
+def describe_cuda_visible(raw: str | None, inventory: Inventory, order: str | None = None) -> list[str]:
+    """`CUDA_VISIBLE_DEVICES` resolved the way CUDA reads it (nothing when unset): each entry by the
+    nvidia-smi index of its card, where `gpus.cudaenv.grant_of` can place it under `order`
+    (`CUDA_DEVICE_ORDER`)."""
     if raw is None:
         return []
     parsed = parse_cuda_visible(raw, inventory.known_refs())
@@ -312,19 +333,13 @@ def describe_cuda_visible(raw: str | None, inventory: Inventory) -> list[str]:
         where = f" (CUDA stops at {stopped})" if stopped else ""
         return [f"CUDA_VISIBLE_DEVICES={value} hides every GPU{where}"]
     stop = f"; CUDA stops at {stopped} and ignores the rest" if stopped else ""
-    shown = ", ".join(_index_of(entry, inventory) for entry in parsed.entries[:16])
+    grant = grant_of(raw, order, inventory)
+    shown = ", ".join(str(card) if card is not None else short_uuid(entry)
+                      for entry, card in zip(parsed.entries[:16], grant.cards))
     if len(parsed.entries) > 16:  # never a huge line, whatever the environment holds
         shown += f", … ({len(parsed.entries):,} in all)"
-    return [f"CUDA_VISIBLE_DEVICES={value} → CUDA uses GPU {shown}{stop}"]
-
-
-def _index_of(entry: str, inventory: Inventory) -> str:
-    """A `CUDA_VISIBLE_DEVICES` entry by its nvidia-smi index where the inventory knows its UUID (or
-    unique prefix), else the entry, cut short."""
-    if is_index(entry):
-        return entry
-    found = [gpu.ref for gpu in inventory.gpus if gpu.uuid.lower().startswith(entry.lower())]
-    return found[0] if len(found) == 1 else short_uuid(entry)
+    order = " in CUDA's default order (fastest first), not nvidia-smi's" if None in grant.pins else ""
+    return [f"CUDA_VISIBLE_DEVICES={value} → CUDA uses GPU {shown}{order}{stop}"]
 
 
 def no_gpus_text(inventory: Inventory) -> str | None:
@@ -335,20 +350,36 @@ def no_gpus_text(inventory: Inventory) -> str | None:
     return None if inventory.gpus else "none: NVML sees no GPU"
 
 
-def describe_gpus(inventory: Inventory) -> list[str]:
-    """Live memory per GPU and per process, nvidia-smi numbering; why there is no list if none."""
+def outside_grant(gpu: Gpu, grant: Grant) -> str | None:
+    """`not this kernel's to take: outside its grant (CUDA_VISIBLE_DEVICES=2)` for a card the grant
+    does not give (only where every entry of the grant is placed); None for a card it may use."""
+    granted = grant.granted_cards()
+    if granted is None or not grant.placed or gpu.index in granted:
+        return None
+    return f"not this kernel's to take: outside its grant ({grant.setting()})"
+
+
+def describe_gpus(inventory: Inventory, grant: Grant = Grant(None)) -> list[str]:
+    """Live memory per GPU and per process, nvidia-smi numbering, each card outside the grant marked;
+    why there is no list if none."""
     why = no_gpus_text(inventory)
     if why is not None:
         return [row("GPUs", why)]
     lines = [f"GPUs (NVML, driver {inventory.driver_version}, nvidia-smi numbering):"]
+    if inventory.warning:  # the last good figures, served while the driver does not answer
+        lines.append(f"  Note: {inventory.warning}")
     for gpu in inventory.gpus:
         busy = "" if gpu.utilization_pct is None else f", {gpu.utilization_pct}% busy"
         lines.append(
-            f"  {gpu.index}  {gpu.name}  {mib_count(gpu.memory_used_mib)} / {mib_count(gpu.memory_total_mib)} MiB used"
+            f"  {gpu.index}  {gpu.name}  {gib_pair(gpu.memory_used_mib, gpu.memory_total_mib)} used"
             f"{busy}  {short_uuid(gpu.uuid)}" + (f"  bus {gpu.pci_bus_id}" if gpu.pci_bus_id else "")
         )
+        outside = outside_grant(gpu, grant)
+        if outside:
+            lines.append(f"       {outside}")
         for mig in gpu.mig_devices:
-            lines.append(f"       MIG {mig.uuid}  {mib_count(mig.memory_total_mib)} MiB")
+            lines.append(f"       MIG {mig.uuid}  {mib_text(mig.memory_total_mib)}")
         for proc in gpu.processes:
-            lines.append(f"       pid {proc.pid}: {mib_count(proc.used_mib)} MiB{' (this kernel)' if proc.is_self else ''}")
+            host = " (a host pid)" if proc.is_self is None else ""  # NVML's pids, seen from a container
+            lines.append(f"       pid {proc.pid}{host}: {mib_text(proc.used_mib)}{' (this kernel)' if proc.is_self else ''}")
     return lines
