@@ -44,7 +44,7 @@ from typing import Any, Callable, NamedTuple
 from bytecode import caches_bytecode, with_bytecode_cache
 from pairs import DEFAULT_REPEAT, EMPTY_CELL_PAIRS_FACTOR, RESTART_PAIRS_FACTOR
 
-HEAVY = ("tensorflow", "ipywidgets", "pynvml")
+HEAVY = ("tensorflow", "keras", "jax", "torch", "ipywidgets", "pynvml")
 """Modules that loading the extension and editing the policy must not import."""
 
 MARK = "BENCH-RESULT "
@@ -186,12 +186,14 @@ if WITH_EXTENSION:
     controller = get_controller()
     apply = controller.apply
     def timed_apply():
+        caller = sys._getframe(1).f_code.co_name  # the import hook's callback that calls self.apply()
         t = clock()
         try:
             return apply()
         finally:
-            applies.append(clock() - t)
-    controller.apply = timed_apply  # the import hook's callback calls self.apply()
+            if caller != "_on_framework_import":  # TensorFlow's, not JAX's (`import tensorflow` imports it)
+                applies.append(clock() - t)
+    controller.apply = timed_apply
 t, cpu_t = clock(), time.process_time()
 import tensorflow as tf
 seconds, cpu_seconds = clock() - t, time.process_time() - cpu_t

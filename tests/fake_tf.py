@@ -1,4 +1,4 @@
-"""`FakeTF`: the `tfgpu_magic.tf.configapi.ConfigAPI` seam with TensorFlow's rules, for GPU paths without a GPU.
+"""`FakeTF`: the `tfgpu_magic.tf.apply.ConfigAPI` seam with TensorFlow's rules, for GPU paths without a GPU.
 
 The rules are copied once, in the order TensorFlow checks them, from TF 2.21's
 `tensorflow/python/eager/context.py` (`Context.set_memory_growth`, `set_logical_device_configuration`,
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, MutableMapping, Sequence
 
-from tfgpu_magic.tf.configapi import Route
+from tfgpu_magic.tf.apply import Route
 from tfgpu_magic.tf.runtime import ASYNC_ALLOCATOR, LIBCUDA_LOADED, LogicalSpec, RuntimeState, logical_entries
 
 PhysicalDevice = collections.namedtuple("PhysicalDevice", ["name", "device_type"])

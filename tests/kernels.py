@@ -22,12 +22,12 @@ import pytest
 from jupyter_client import AsyncKernelManager, BlockingKernelClient, KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
-from tfgpu_magic.tf.envvars import NAMES as OUR_ENV
+from tfgpu_magic.envvars import NAMES as OUR_ENV
 
 KERNEL_NAME = "tfgpu-test-python"
 STARTUP_TIMEOUT = 60
 CELL_TIMEOUT = 90
-HEAVY_MODULES = ("tensorflow", "keras", "ipywidgets", "pynvml")
+HEAVY_MODULES = ("tensorflow", "keras", "jax", "torch", "ipywidgets", "pynvml")
 """Modules `%load_ext tfgpu_magic` must not import."""
 
 QUIET_ENV = {

@@ -50,6 +50,7 @@ def test_every_action_directive_has_one_action():
         actions.run("grow", make_controller(), None)
 
 
+@pytest.mark.usefixtures("tensorflow_alone")
 def test_status_is_one_result_with_text_and_html():
     """The status text is the old text (the fake's four cards, this process on GPU 0), and a notebook
     gets an HTML table alongside it."""

@@ -9,6 +9,8 @@ on the test shell with the fakes (tests/fake_tf.py, tests/fake_nvml.py); TensorF
 
 from __future__ import annotations
 
+import importlib.util
+
 import json
 import re
 import subprocess
@@ -94,6 +96,11 @@ RECORDED_RESTART = f"The policy is recorded. {TERMINAL_RESTART_HINT}"
 """How a terminal IPython message ends that named settings waiting for a restart."""
 
 
+WITH_JAX = "{sep}{action}XLA_PYTHON_CLIENT_PREALLOCATE{value}" if importlib.util.find_spec("jax") else ""
+"""Where JAX is installed, `import tensorflow` imports it (tensorflow/lite/python/util.py), and `growth`
+tells JAX too: its variable comes after TensorFlow's in the same line."""
+
+
 # ----- §2.1: a setting TensorFlow has nothing to apply to is never "in force" --------------------------
 @pytest.mark.tensorflow
 def test_a_new_limit_without_a_gpu_says_what_it_means_not_already_in_force(after_init: dict) -> None:
@@ -112,7 +119,7 @@ def test_each_directive_after_initialization_names_only_its_own_change(after_ini
     allocator of this process will read, beside "nothing to apply to here"; given again, it was
     "in force"."""
     assert after_init["growth"].splitlines() == [
-        "Applied: TF_FORCE_GPU_ALLOW_GROWTH=true",
+        "Applied: TF_FORCE_GPU_ALLOW_GROWTH=true" + WITH_JAX.format(sep="; ", action="", value="=false"),
         f"{NO_GPU}: `growth on` has nothing to apply to here.",
         "Note: growth goes through TF_FORCE_GPU_ALLOW_GROWTH=true: TF refuses set_memory_growth on a limited GPU",
     ]
@@ -122,7 +129,7 @@ def test_each_directive_after_initialization_names_only_its_own_change(after_ini
     assert after_init["visible"].splitlines() == [
         "1 earlier change still waits for a restart (`%tfgpu` lists them).",
         f"{NO_GPU}: `visible 0` has nothing to apply to here.",
-        "Note: CUDA has already started: GPUs are hidden through tf.config.set_visible_devices",
+        "Note: CUDA has already started: TensorFlow hides GPUs through tf.config.set_visible_devices",
     ]
     assert after_init["again"].splitlines() == ["1 earlier change still waits for a restart (`%tfgpu` lists them).",
                                                 f"{NO_GPU}: `growth on` has nothing to apply to here."]
@@ -136,7 +143,8 @@ def test_reset_after_initialization_says_the_variable_cuda_read_stays(after_init
     """Was: "No variable needed restoring." while CUDA_DEVICE_ORDER=PCI_BUS_ID stayed set and listed."""
     kept = "CUDA_DEVICE_ORDER: PCI_BUS_ID → unset (read when CUDA started)"
     assert after_init["reset"].splitlines() == [
-        "Policy cleared.", "Restored what this tool had set: unset TF_FORCE_GPU_ALLOW_GROWTH",
+        "Policy cleared.",
+        "Restored what this tool had set: unset TF_FORCE_GPU_ALLOW_GROWTH" + WITH_JAX.format(sep=", ", action="unset ", value=""),
         locked_header(after_init), f"  - {kept}",
         "  - logical CPU devices: 2 logical devices → TF default", TERMINAL_RESTART_HINT,
     ]
@@ -234,8 +242,8 @@ def test_four_gpu_status_names_gpus_by_index_and_the_limit_as_written() -> None:
     `CUDA_VISIBLE_DEVICES` value and lines up to 316 characters."""
     text, html = four_gpu_status("visible auto:2", "limit 50%")
     lines = text.splitlines()
-    assert lines[1:3] == ["Policy:     visible 2 (GPU-b2d4f6a8…), 1 (GPU-b1c2d3e4…)",
-                          "            limit 50% (40.0 GiB) on GPU 1, 2"]
+    policy = lines.index("Policy:     visible 2 (GPU-b2d4f6a8…), 1 (GPU-b1c2d3e4…)")
+    assert lines[policy + 1] == "            limit 50% (40.0 GiB) on GPU 1, 2"
     assert "Variables:  CUDA_DEVICE_ORDER=PCI_BUS_ID, CUDA_VISIBLE_DEVICES=GPU-b2d4f6a8…,GPU-b1c2d3e4…" in lines
     assert "CUDA_VISIBLE_DEVICES='GPU-b2d4f6a8…,GPU-b1c2d3e4…' → CUDA uses GPU 2, 1" in lines
     assert [line.split()[-3] for line in lines if re.match(r"  \d  ", line)] == [uuid[:12] + "…" for uuid in UUIDS]

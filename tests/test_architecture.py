@@ -18,15 +18,16 @@ import pytest
 
 PACKAGE = "tfgpu_magic"
 ROOT = Path(__file__).resolve().parent.parent / PACKAGE
-MAGIC = {f"{PACKAGE}.views.magics", f"{PACKAGE}.views.commands", f"{PACKAGE}.views.completion"}
+MAGIC = {f"{PACKAGE}.views.magics", f"{PACKAGE}.views.completion"}
 PANEL = {f"{PACKAGE}.views.panel"}
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors",),
+    ("errors", "envvars", "importhooks"),
     ("safefile",),
     ("language",),
     ("gpus",),
-    ("tf",),
+    ("plan",),
+    ("tf", "frameworks"),
     ("jupyter",),
     ("doctor", "holders"),
     ("controller",),

@@ -10,14 +10,13 @@ import sys
 
 import pytest
 from IPython.core.completer import provisionalcompleter
-from IPython.core.interactiveshell import InteractiveShell
 
 import tfgpu_magic
 from fake_nvml import FakeNvml, four_gpus
 from tfgpu_magic.views.magics import COMPLETER_ID, register_completer
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog, Nvml, read_inventory
-from tfgpu_magic.tf.envvars import NAMES as OUR_ENV
+from tfgpu_magic.envvars import NAMES as OUR_ENV
 
 
 def complete(shell, text: str) -> list[str]:

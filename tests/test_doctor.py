@@ -5,12 +5,14 @@ TensorFlow is never imported in this process."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Iterator
 
@@ -123,10 +125,11 @@ def parse_report(text: str) -> tuple[list[tuple[str, str, str, str]], str]:
 
 
 ORDER = ("platform", "NVIDIA driver / NVML", "device nodes", "CUDA libraries (pip)", "TensorFlow",
-         "TensorFlow build", "Python", "GPU architecture", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
-         "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR", "TensorFlow's GPUs", "GPU order")
+         "TensorFlow build", "Python", "GPU architecture", "PyTorch build", "JAX build", "CUDA_VISIBLE_DEVICES",
+         "CUDA_DEVICE_ORDER", "TF_FORCE_GPU_ALLOW_GROWTH", "TF_GPU_ALLOCATOR", "TensorFlow's GPUs", "GPU order")
 """What depends on what: the platform, the driver, the device nodes, the CUDA libraries, TensorFlow's
-build (for this Python, for these cards), the variables that steer CUDA, what TensorFlow lists."""
+build (for this Python, for these cards), the other frameworks' builds, the variables that steer CUDA,
+what TensorFlow lists."""
 HEALTHY = {
     "TensorFlow build": (OK, "tensorflow 2.21.0, built with CUDA 12.5, cuDNN 9", ""),
     "NVIDIA driver / NVML": (OK, "driver 550.54.15, GPUs 0: NVIDIA A100-SXM4-80GB, 1: NVIDIA A100-SXM4-80GB, "
@@ -315,6 +318,10 @@ EXPORT = f"export LD_LIBRARY_PATH={ON_PATH}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH
 WSL2 = "Linux version 5.15.167.4-microsoft-standard-WSL2 (root@f9c826d3017f) (gcc (GCC) 11.2.0) #1 SMP"
 WSL1 = "Linux version 4.4.0-19041-Microsoft (Microsoft@Microsoft.com) (gcc version 5.4.0 (GCC) ) #1237-Microsoft"
 NO_GPU_HERE = dict(inventory=NO_DRIVER, device_nodes=(), api=FakeAPI(0))
+TORCH_CPU = {"__version__": "2.13.0+cpu", "cuda": None, "hip": None}
+TORCH_CU130 = {"__version__": "2.14.1+cu130", "cuda": "13.0", "hip": None}
+"""`torch.version` of the two PyTorch wheels on this project's machines: the CPU build, and PyPI's CUDA one."""
+JAX_CPU = {"jax": "0.10.2", "jaxlib": "0.10.2"}
 
 SCENARIOS += [
     # tensorflow[and-cuda]: the pip CUDA packages and the loader (the changes decide what is installed)
@@ -396,6 +403,39 @@ SCENARIOS += [
     scenario("wsl1", dict(kernel_version=WSL1, **NO_GPU_HERE),
              {"platform": (FAIL, "WSL1: it passes no GPU to Linux", "wsl --set-version <distro> 2"),
               **NVML_FAILS, **NO_NODES, **TF_LISTS_NONE}),
+    # the other frameworks' builds: a warning with its fix, never a reason TensorFlow has no GPU
+    scenario("torch-cuda-build", dict(torch_build=TORCH_CU130),
+             {"PyTorch build": (OK, "torch 2.14.1+cu130, built with CUDA 13.0", "")}),
+    scenario("torch-cpu-build", dict(torch_build=TORCH_CPU),
+             {"PyTorch build": (WARN, "torch 2.13.0+cpu is a CPU-only build: PyTorch never uses an NVIDIA GPU",
+                                "pip uninstall -y torch && pip install torch (PyPI's Linux wheels are CUDA builds")},
+             "Nothing stops TensorFlow from using the GPUs above."),
+    scenario("torch-rocm-build", dict(torch_build={**TORCH_CPU, "__version__": "2.13.0+rocm6.4", "hip": "6.4.1"}),
+             {"PyTorch build": (WARN, "torch 2.13.0+rocm6.4 is a ROCm build (HIP 6.4.1): PyTorch never uses an "
+                                      "NVIDIA GPU", "https://pytorch.org/get-started/locally/")}),
+    scenario("torch-version-unreadable", dict(torch_build={}),
+             {"PyTorch build": (WARN, "installed; its torch/version.py is unreadable", "")}),
+    scenario("jax-cpu-only", dict(jax_packages=JAX_CPU),
+             {"JAX build": (WARN, "jax 0.10.2, jaxlib 0.10.2, no CUDA plugin: JAX runs on the CPU only",
+                            'pip install -U "jax[cuda12]" (or "jax[cuda13]" with an NVIDIA driver 580 or newer)')},
+             "Nothing stops TensorFlow from using the GPUs above."),
+    scenario("jax-cuda12-plugin", dict(jax_packages={**JAX_CPU, "jax-cuda12-plugin": "0.10.2",
+                                                     "jax-cuda12-pjrt": "0.10.2"}),
+             {"JAX build": (OK, "jax 0.10.2, jaxlib 0.10.2, jax-cuda12-pjrt 0.10.2, jax-cuda12-plugin 0.10.2", "")}),
+    scenario("jax-plugin-of-another-version", dict(jax_packages={"jax": "0.8.1", "jaxlib": "0.8.1",
+                                                                 "jax-cuda12-plugin": "0.7.2", "jax-cuda12-pjrt": "0.7.2"}),
+             {"JAX build": (WARN, "jax 0.8.1, jaxlib 0.8.1, jax-cuda12-pjrt 0.7.2, jax-cuda12-plugin 0.7.2: "
+                                  "jax-cuda12-pjrt, jax-cuda12-plugin not of jaxlib's version, so JAX leaves its CUDA "
+                                  "plugin out and runs on the CPU only", 'pip install -U "jax[cuda12]"')}),
+    scenario("jax-pjrt-missing", dict(jax_packages={**JAX_CPU, "jax-cuda13-plugin": "0.10.2"}),
+             {"JAX build": (WARN, "jax 0.10.2, jaxlib 0.10.2, jax-cuda13-plugin 0.10.2, but jax-cuda13-pjrt missing: "
+                                  "JAX runs on the CPU only", 'pip install -U "jax[cuda13]", then restart the kernel')}),
+    scenario("jaxlib-cuda-build", dict(jax_packages={"jax": "0.4.26", "jaxlib": "0.4.26+cuda12.cudnn89"}),
+             {"JAX build": (OK, "jax 0.4.26, jaxlib 0.4.26+cuda12.cudnn89 (a CUDA build of jaxlib)", "")}),
+    scenario("both-frameworks-cpu-only", dict(torch_build=TORCH_CPU, jax_packages=JAX_CPU),
+             {"PyTorch build": (WARN, "is a CPU-only build", "pip install torch"),
+              "JAX build": (WARN, "no CUDA plugin", "jax[cuda12]")},
+             "Nothing stops TensorFlow from using the GPUs above."),
     # a machine without a GPU and the CPU-only build: the driver comes first, not `pip install tensorflow[and-cuda]`
     scenario("no-gpu-and-cpu-build", dict(NO_GPU_HERE, tf="cpu", tf_distribution="tensorflow-cpu 2.21.0"),
              {**NVML_FAILS, **NO_NODES, **CPU_ONLY, **TF_LISTS_NONE},
@@ -545,6 +585,9 @@ def test_doctor_on_this_machine() -> None:
     """No NVML, no device nodes, CPU-only build: all FAIL, the driver first, and the summary names all three."""
     controller = Controller(environ={})
     checks, summary = parse_report(str(actions.doctor(controller)))
+    frameworks = [(name, verdict, detail) for verdict, name, detail, _ in checks if name in FRAMEWORK_CHECKS]
+    assert frameworks == this_machines_framework_builds()
+    checks = [check for check in checks if check[1] not in FRAMEWORK_CHECKS]
     assert [(verdict, name) for verdict, name, _, _ in checks] == [
         (FAIL, "NVIDIA driver / NVML"), (FAIL, "device nodes"), (INFO, "CUDA libraries (pip)"),
         (FAIL, "TensorFlow build"), (OK, "Python"), (OK, "CUDA_VISIBLE_DEVICES"), (INFO, "CUDA_DEVICE_ORDER"),
@@ -561,6 +604,25 @@ def test_doctor_on_this_machine() -> None:
     assert summary.endswith(". Fix the first one first.")
     assert "tensorflow" not in sys.modules and controller.environ == {}
     assert "pip install nvidia-ml-py" not in str(actions.doctor(controller))  # it is installed here
+
+
+FRAMEWORK_CHECKS = ("PyTorch build", "JAX build")
+
+
+def this_machines_framework_builds() -> list[tuple[str, str, str]]:
+    """(check, verdict, detail) the doctor owes this machine for PyTorch and JAX, from their metadata
+    (found, not imported): a CPU build of either is a warning; one not installed has no line."""
+    expected = []
+    if importlib.util.find_spec("torch") is not None:
+        version = importlib.metadata.version("torch")
+        assert version.endswith("+cpu"), "expects the CPU wheel of PyTorch here"
+        expected.append(("PyTorch build", WARN, f"torch {version} is a CPU-only build: PyTorch never uses an NVIDIA GPU"))
+    if importlib.util.find_spec("jax") is not None:
+        if importlib.util.find_spec("jax_plugins") is not None:
+            pytest.skip("a JAX plugin is installed here: expects JAX's CPU build")
+        jax, jaxlib = importlib.metadata.version("jax"), importlib.metadata.version("jaxlib")
+        expected.append(("JAX build", WARN, f"jax {jax}, jaxlib {jaxlib}, no CUDA plugin: JAX runs on the CPU only"))
+    return expected
 
 
 @pytest.fixture
@@ -815,3 +877,79 @@ def test_magic_doctor_json(shell: InteractiveShell, magic: Controller, capsys: p
     assert actions.doctor(magic, json=True) == json.dumps(data, indent=2, ensure_ascii=False)
     with pytest.raises(UsageError, match="--json"):
         shell.run_line_magic("tfgpu", "status --json")
+
+
+# ----- the other frameworks' builds, read without importing them --------------------------------------------
+TORCH_VERSION_PY = ("from typing import Optional\n\n__all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip']\n"
+                    "__version__ = '2.14.1+cu130'\ndebug = False\ncuda: Optional[str] = '13.0'\n"
+                    "git_version = '5c4886908584029761b579af026dcfb627c84070'\nhip: Optional[str] = None\n")
+"""torch/version.py as PyPI's CUDA wheel of torch 2.14.1 has it (its distribution's version is plain 2.14.1)."""
+
+
+def write_torch(root: Path, version_py: str | None) -> Path:
+    """A `torch` package on `root` whose version.py holds `version_py` (None: none), and whose
+    `__init__` would leave a marker if it ever ran."""
+    package = root / "torch"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(f"open({str(root / 'imported')!r}, 'w').close()\n", encoding="utf-8")
+    if version_py is not None:
+        (package / "version.py").write_text(version_py, encoding="utf-8")
+    return package
+
+
+@pytest.mark.parametrize("version_py, build", [
+    (TORCH_VERSION_PY, {"__version__": "2.14.1+cu130", "cuda": "13.0", "hip": None}),
+    ("__version__ = '2.13.0+cpu'\ncuda = None\nhip = None\n", {"__version__": "2.13.0+cpu", "cuda": None, "hip": None}),
+    ("import os\n__version__ = os.environ['X']\n", {}),
+    ("cuda = (\n", {}),
+    (None, {}),
+], ids=["cuda-wheel", "cpu-wheel", "not-a-literal", "syntax", "no-version-py"])
+def test_torch_build_is_read_from_version_py_without_importing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version_py: str | None, build: dict) -> None:
+    """torch not imported: its version.py parsed, never executed (nor torch's `__init__`); unreadable: {}."""
+    write_torch(tmp_path, version_py)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert doctor.read_torch_build() == build
+    assert "torch" not in sys.modules and not (tmp_path / "imported").exists()
+
+
+def test_torch_build_of_an_imported_torch_is_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the kernel imported torch, `torch.version` answers (nothing is read from disk)."""
+    version = types.SimpleNamespace(__version__="2.13.0+cu128", cuda="12.8", hip=None, debug=False)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(version=version))
+    assert doctor.read_torch_build() == {"__version__": "2.13.0+cu128", "cuda": "12.8", "hip": None}
+
+
+def test_no_torch_no_line(monkeypatch: pytest.MonkeyPatch, tf_dirs) -> None:
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, package=None: None if name == "torch" else find_spec(name, package))
+    assert doctor.read_torch_build() is None
+    assert "PyTorch build" not in [c.name for c in doctor.run_checks(make_machine(tf_dirs, torch_build=None))]
+
+
+def test_jax_distributions_are_its_plugins_from_metadata(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """jax, jaxlib and each CUDA plugin and PJRT runtime (names as pip normalizes them), the first
+    on sys.path winning; other jax-* distributions are not among them; no jax: {}."""
+    for name, version in [("jax", "0.8.1"), ("jaxlib", "0.8.1"), ("jax_cuda12_plugin", "0.7.2"),
+                          ("jax-cuda12-pjrt", "0.7.2"), ("jax-cuda12-plugin-extras", "1.0"), ("jaxtyping", "0.3")]:
+        write_distribution(tmp_path, name, version)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert doctor.jax_distributions() == {"jax": "0.8.1", "jaxlib": "0.8.1", "jax-cuda12-plugin": "0.7.2",
+                                          "jax-cuda12-pjrt": "0.7.2"}
+    monkeypatch.setattr(doctor, "_version", lambda package: None)
+    assert doctor.jax_distributions() == {}
+
+
+def test_inspect_machine_imports_neither_framework(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The doctor's look at this machine leaves torch and jax unimported (TensorFlow too)."""
+    for name in ("torch", "jax", "jaxlib"):
+        if name not in sys.modules:
+            monkeypatch.delitem(sys.modules, name, raising=False)
+    had = {name for name in ("torch", "jax", "jaxlib") if name in sys.modules}
+    machine = doctor.inspect_machine({}, NO_DRIVER, Policy(), FakeAPI())
+    assert {name for name in ("torch", "jax", "jaxlib") if name in sys.modules} == had
+    assert (machine.torch_build is None) == (importlib.util.find_spec("torch") is None)
+    assert bool(machine.jax_packages) == (importlib.util.find_spec("jax") is not None)

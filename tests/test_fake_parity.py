@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from fake_tf import FakeTF, PhysicalDevice
-from tfgpu_magic.tf.plan import build_plan
+from tfgpu_magic.plan import build_plan
 from tfgpu_magic.language.policy import Policy
 from tfgpu_magic.tf.apply import ApplyReport, apply_plan, session_config
-from tfgpu_magic.tf.configapi import TensorFlowConfig
+from tfgpu_magic.tf.apply import TensorFlowConfig
 from tfgpu_magic.tf.routes import install_routes
 from tfgpu_magic.tf.runtime import LogicalSpec
 from tfgpu_magic.views import status

@@ -15,11 +15,12 @@ from typing import Callable
 import pytest
 
 from fake_tf import FakeTF, InForce, SeamMisuse, cuda_visible_ids, fake_uuid
+from tfgpu_magic import importhooks
 from tfgpu_magic.tf import importhook
 from tfgpu_magic.views import status
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import Gpu, Inventory, InventoryCatalog
-from tfgpu_magic.tf.plan import Plan
+from tfgpu_magic.plan import Plan
 from tfgpu_magic.tf.apply import ApplyReport, Change, Refusal, apply_plan
 from tfgpu_magic.tf.runtime import where
 
@@ -66,7 +67,7 @@ def worded(items: list[Change | Refusal | str], route: str | None = None) -> lis
 
 def import_tensorflow(fake: FakeTF) -> None:
     """`import tensorflow` with the controller's hook armed: TF loads, then the hook's callback runs."""
-    hook = next(f for f in sys.meta_path if isinstance(f, importhook.TensorFlowImportHook))
+    hook = next(f for f in sys.meta_path if importhooks.is_hook(f) and f.target == importhook.TARGET)
     importhook.disarm()
     fake.imported = True
     hook.callback()
@@ -403,7 +404,7 @@ def test_tensorflow_value_error_is_reported_and_other_steps_still_apply() -> Non
     """A step TensorFlow refuses lands in report.failed with TF's words; the others are applied."""
     fake = FakeTF(3)
     # two logical GPUs without a memory limit: TF refuses (a single `(None,)` is the whole GPU, TF's default)
-    plan = Plan(visible_gpus=(0, 2), splits=(("0", (None, None)), ("2", (512,))), tf_indices=(("0", 0), ("2", 2)),
+    plan = Plan(visible_gpus=(0, 2), tf_limits=((0, (None, None)), (2, (512,))), tf_indices=(("0", 0), ("2", 2)),
                 cpu_devices=2)
     report = apply_plan(plan, fake)
     assert len(report.failed) == 1 and report.locked == []

@@ -11,6 +11,7 @@ from typing import Callable, Iterator
 
 import pytest
 
+from tfgpu_magic import importhooks
 from tfgpu_magic.tf import importhook
 
 PACKAGES = ("tensorflow", "fakekeras", "tfgpu_events", "user_code")
@@ -64,7 +65,8 @@ def recorder(log: list[str], name: str = "callback") -> Callable[[], None]:
 
 def hooks() -> int:
     """Hooks in `sys.meta_path`, counted by class name (a reload makes a second class of that name)."""
-    return sum(type(finder).__name__ == "TensorFlowImportHook" for finder in sys.meta_path)
+    return sum(type(finder).__name__ == "ImportHook" and getattr(finder, "target", None) == "tensorflow"
+               for finder in sys.meta_path)
 
 
 def test_callback_runs_right_after_the_package_body(events: list[str]) -> None:
@@ -114,7 +116,7 @@ def test_failing_callback_warns_and_the_import_works(events: list[str]) -> None:
         raise RuntimeError("boom")
 
     importhook.arm(fail)
-    with pytest.warns(UserWarning, match="could not apply the GPU policy on import: boom"):
+    with pytest.warns(UserWarning, match="could not apply the GPU policy on `import tensorflow`: boom"):
         import tensorflow
     assert tensorflow.READY and events == ["tensorflow body"]
 
@@ -144,7 +146,7 @@ def test_arm_twice_keeps_one_hook(events: list[str]) -> None:
 
 @pytest.fixture
 def reloaded() -> Iterator[None]:
-    """`importlib.reload(importhook)` for the test; every hook is removed after it."""
+    """`importlib.reload(importhooks)` for the test; every hook is removed after it."""
     yield
     importhook.disarm()
     assert hooks() == 0
@@ -154,7 +156,7 @@ def test_reload_then_arm_leaves_one_hook(events: list[str], reloaded: None) -> N
     """A reload makes a new hook class; the hook of the old class must still be recognised, or two hooks
     wrap one loader and each finds the other (`RecursionError` on `import tensorflow`)."""
     importhook.arm(recorder(events, "old"))
-    importlib.reload(importhook)
+    importlib.reload(importhooks)
     importhook.arm(recorder(events, "new"))
     assert hooks() == 1
     import tensorflow  # noqa: F401
@@ -164,13 +166,13 @@ def test_reload_then_arm_leaves_one_hook(events: list[str], reloaded: None) -> N
 
 def test_hook_from_before_a_reload_still_works_and_disarms(events: list[str], reloaded: None) -> None:
     importhook.arm(recorder(events, "old"))
-    importlib.reload(importhook)
+    importlib.reload(importhooks)
     assert importhook.is_armed()
     import tensorflow  # noqa: F401
 
     assert events == ["tensorflow body", "old"] and hooks() == 0
     importhook.arm(recorder(events, "again"))
-    importlib.reload(importhook)
+    importlib.reload(importhooks)
     importhook.disarm()
     assert hooks() == 0
 

@@ -26,8 +26,7 @@ from tfgpu_magic.controller import Controller
 from tfgpu_magic.errors import PolicyError
 from tfgpu_magic.language.grammar import Edit, parse_gpu, parse_line
 from tfgpu_magic.gpus.inventory import GpuProcess, Inventory, InventoryCatalog, MigDevice, Nvml, read_inventory
-from tfgpu_magic.tf.apply import limit_table
-from tfgpu_magic.tf.plan import build_plan, tf_index
+from tfgpu_magic.plan import build_plan, tf_index
 from tfgpu_magic.language.policy import Policy
 from tfgpu_magic.views.status import describe_gpus, describe_policy, describe_status, item_text
 
@@ -542,7 +541,7 @@ def test_uuid_and_index_map_to_one_tf_index(catalog, visible, ref: str, index: i
     plan = build_plan(Policy(visible=visible, limits=((ref, 1024),)), aliases=aliases)
     expected = ((), (ref,)) if index is None else (((ref, index),), ())
     assert (plan.tf_indices, plan.unresolved) == expected
-    assert limit_table(plan) == ({} if index is None else {index: (1024,)}, None)
+    assert (plan.tf_limits, plan.tf_default_limits) == (() if index is None else ((index, (1024,)),), None)
 
 
 def test_without_aliases_a_uuid_is_unresolved() -> None:
@@ -576,7 +575,7 @@ def test_controller_visible_auto_then_limits(controller: Controller) -> None:
     assert controller.policy.limits == (("2", 1024), (UUIDS[1], 20480))
     plan = controller.plan()
     assert (plan.tf_indices, plan.unresolved) == ((("2", 0), (UUIDS[1], 1)), ())
-    assert limit_table(plan) == ({0: (1024,), 1: (20480,)}, None)
+    assert (plan.tf_limits, plan.tf_default_limits) == (((0, (1024,)), (1, (20480,))), None)
     assert any(part.startswith("(visible: auto picked GPU 2") for part in describe_policy(controller.policy))
     assert f"       pid {OTHER_PID}: 19.0 GiB" in describe_status(controller).splitlines()
 
@@ -619,7 +618,7 @@ def test_controller_index_visible_uuid_limit(controller: Controller) -> None:
     edit(controller, "visible 0,2")
     edit(controller, f"limit 2GB {UUIDS[2][:8]}")
     assert controller.environ["CUDA_VISIBLE_DEVICES"] == "0,2"
-    assert limit_table(controller.plan()) == ({1: (2048,)}, None)
+    assert (controller.plan().tf_limits, controller.plan().tf_default_limits) == (((1, (2048,)),), None)
 
 
 # ----- status -----------------------------------------------------------------------------------

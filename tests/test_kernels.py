@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
 CPU_COUNT = "len(__import__('tensorflow').config.list_logical_devices('CPU'))"
 POLICY = "__import__('tfgpu_magic').current_policy().to_dict()"
 HOOK_ARMED = "__import__('tfgpu_magic.tf.importhook').tf.importhook.is_armed()"
-ENV_PROBE = "{k: __import__('os').environ.get(k) for k in __import__('tfgpu_magic.tf.envvars').tf.envvars.NAMES}"
+ENV_PROBE = "{k: __import__('os').environ.get(k) for k in __import__('tfgpu_magic.envvars').envvars.NAMES}"
 
 EMPTY_POLICY = {"visible": None, "growth": None, "limits": {}, "splits": {}, "cpu_devices": None, "allocator": None,
                 "loglevel": None}
@@ -220,6 +220,9 @@ def test_cell_applies_every_line(cell_kernel):
         "TF_GPU_ALLOCATOR": "cuda_malloc_async",
         "TF_FORCE_GPU_ALLOW_GROWTH": "true",
         "TF_CPP_MIN_LOG_LEVEL": "3",  # inherited from the test kernel's environment (no loglevel here)
+        # JAX's and PyTorch's wait for their import (the import hook sets them; neither is imported here)
+        "XLA_PYTHON_CLIENT_PREALLOCATE": None, "XLA_CLIENT_MEM_FRACTION": None, "XLA_PYTHON_CLIENT_MEM_FRACTION": None,
+        "PYTORCH_CUDA_ALLOC_CONF": None, "PYTORCH_ALLOC_CONF": None,
     }
     assert cell_kernel.ok(f"import tensorflow as tf\ntf.constant(1)\nprint({CPU_COUNT})").stdout.strip() == "2"
     again = cell_kernel.ok(GOOD_CELL)

@@ -11,9 +11,11 @@ sidebar, a busy kernel, a change waiting for a restart, the restart command, a h
 focus and the keyboard across polls, the shutdown of an idle kernel, a failed poll and a server gone
 (Playwright answers /api/tfgpu/ with 500, or drops it), polling; then, on a second notebook, the restart
 while a cell sleeps (in Python, in C) measured against JupyterLab's own restart, and Cancel keeping
-nothing. Then servers of their own: the server extension off (requests a minute counted), no NVIDIA
-driver (this machine), NVML with no card, and the error codes this machine cannot produce (replies the
-schema accepts, answered by Playwright); and the sidebar and command in Notebook 7.
+nothing. Then servers of their own: no NVIDIA driver (this machine), NVML with no card, and the error
+codes this machine cannot produce (replies the schema accepts, answered by Playwright; one server for
+these two); and the sidebar and command in Notebook 7. The server extension off comes first and last: its
+page opens in the module's first test and its requests are counted over a minute in the last, the minute
+passing while the others run.
 
 Also here: the build is current and installed where JupyterLab finds it, and the TypeScript passes its
 type check and lint (`npm run check`). Screenshots go to docs/ only with TFGPU_SCREENSHOTS=docs
@@ -81,6 +83,50 @@ NOTEBOOK_READY = """(path) => {
 """The current tab is notebook `path`, its kernel idle (test_browser's KERNEL_READY, for one notebook)."""
 NO_POLICY_KEPT = "(lambda m: m is None or m.current_policy().growth is None)(__import__('sys').modules.get('tfgpu_magic'))"
 """In a kernel: no tfgpu policy (the extension not loaded, or loaded with growth unset)."""
+
+
+# ----- first: the server extension off (its minute of requests passes while the other tests run) -------
+@pytest.fixture(scope="module")
+def extension_off(browser: Any) -> Iterator[tuple[JupyterServer, Page]]:  # noqa: F811
+    """A JupyterLab whose config turns the server extension off, its page on a notebook polling at the
+    fastest rate the settings allow (1 s). Set up by the module's first test and left open to its end, where
+    the page's requests are counted over the minute from its first, which has passed meanwhile (Playwright's
+    Chromium does not slow the timers of a page in the background: `--disable-background-timer-throttling`,
+    https://github.com/microsoft/playwright/blob/main/packages/playwright-core/src/server/chromium/chromiumSwitches.ts)."""
+    with lab_env("tfgpu-labext-off-") as env:
+        (env.config_dir / "jupyter_server_config.json").write_text(
+            json.dumps({"ServerApp": {"jpserver_extensions": {"tfgpu_magic.serverext": False}}}))
+        write_lab_settings(env.config_dir, NAME, PLUGIN, {"refreshRate": 1000})
+        write_notebook(env.root, NOTEBOOK, ("x = 1",))
+        with jupyterlab(env) as server:
+            page = open_page(browser, lab_url(server, NOTEBOOK))
+            try:
+                yield server, page
+            finally:
+                page.page.close()
+
+
+def test_with_the_server_extension_off_it_says_so_and_the_command_is_jupyterlabs_own(
+        extension_off: tuple[JupyterServer, Page], shots: Path) -> None:
+    """The sidebar and the status item say the extension is off with the fix, the command falls back to
+    JupyterLab's own (its caption says why); the sidebar's ask and the command fall in the minute whose
+    requests the module's last test counts."""
+    server, page = extension_off
+    with pytest.raises(Exception, match="404"):
+        server.request("GET", "api/tfgpu/gpus")
+    said = page.status_says("GPU: server extension off")
+    assert EXTENSION_OFF in page.status.get_attribute("title")
+    page.page.locator("#jp-main-statusbar").screenshot(path=str(shots / "labextension-error-extension-off-status.png"))
+    page.open_sidebar()  # asks on demand, within the cap
+    text = page.sidebar_says(re.escape(EXTENSION_OFF))
+    assert EXTENSION_FIX in text and said
+    page.sidebar.screenshot(path=str(shots / "labextension-error-extension-off.png"))
+    assert "No GPU policy is kept (the tfgpu_magic server extension is off)" in page.caption()
+    page.start(COMMAND)  # JupyterLab's own restart-and-run: its dialog, without our policy words
+    dialog = page.page.locator(".jp-Dialog", has_text="Restart Kernel?")
+    dialog.wait_for(state="visible")
+    assert "GPU policy" not in dialog.inner_text()
+    dialog.locator(".jp-Dialog-button.jp-mod-reject").click()
 
 
 def npm_check() -> subprocess.CompletedProcess[str]:
@@ -216,6 +262,9 @@ class Page:
     def __init__(self, page: Any) -> None:
         self.page = page
         self.requests: list[tuple[float, str]] = []
+        """When Python heard of each (monotonic: while it waits in Playwright, at once), and its URL."""
+        self.sent: list[Any] = []
+        """The same requests, as Playwright's `Request`s (their timing is the browser's)."""
         self.dialogs: list[str] = []
         page.on("request", self._seen)
         page.on("dialog", self._alert)
@@ -223,6 +272,14 @@ class Page:
     def _seen(self, request: Any) -> None:
         if "/api/tfgpu/" in request.url:
             self.requests.append((time.monotonic(), request.url))
+            self.sent.append(request)
+
+    def sent_at(self) -> list[float | None]:
+        """When the page sent each request to /api/tfgpu/ heard of so far, in seconds since the epoch by the
+        browser's clock (Playwright's timing, known with the response: waited for); None where no response
+        came."""
+        return [request.timing["startTime"] / 1000 if request.response() is not None else None
+                for request in self.sent]
 
     def _alert(self, dialog: Any) -> None:  # alert(), confirm(): what an injected script would open
         self.dialogs.append(dialog.message)
@@ -704,6 +761,7 @@ def worded_kernel_reply(kernel_id: str, pid: int) -> dict[str, Any]:
         ],
         "restart_needed": True, "keep": True, "gpus_from": "policy", "gpus": [],
         "gpu_status": {"error": None, "stale_seconds": None, "host_pids": False}, "error": None,
+        "frameworks": None,
     }, "kernelReply")
 
 
@@ -787,45 +845,6 @@ def test_a_kernel_that_is_not_python_gets_jupyterlabs_own_restart(lab: Lab, slee
 
 
 # ----- servers without figures ------------------------------------------------------------------------
-def test_with_the_server_extension_off_it_says_so_and_asks_at_most_six_times_a_minute(
-        browser: Any, shots: Path) -> None:  # noqa: F811
-    """A JupyterLab whose config turns the server extension off, polling at the fastest rate the settings
-    allow (1 s): the sidebar and the status item say the extension is off with the fix, the command falls
-    back to JupyterLab's own (its caption says why), and the page sends at most 6 requests to
-    /api/tfgpu/ in the first minute, counted from its first."""
-    with lab_env("tfgpu-labext-off-") as env:
-        (env.config_dir / "jupyter_server_config.json").write_text(
-            json.dumps({"ServerApp": {"jpserver_extensions": {"tfgpu_magic.serverext": False}}}))
-        write_lab_settings(env.config_dir, NAME, PLUGIN, {"refreshRate": 1000})
-        write_notebook(env.root, NOTEBOOK, ("x = 1",))
-        with jupyterlab(env) as server:
-            with pytest.raises(Exception, match="404"):
-                server.request("GET", "api/tfgpu/gpus")
-            page = open_page(browser, lab_url(server, NOTEBOOK))
-            try:
-                said = page.status_says("GPU: server extension off")
-                assert EXTENSION_OFF in page.status.get_attribute("title")
-                page.page.locator("#jp-main-statusbar").screenshot(path=str(shots / "labextension-error-extension-off-status.png"))
-                first = page.requests[0][0]
-                page.open_sidebar()  # asks on demand, within the cap
-                text = page.sidebar_says(re.escape(EXTENSION_OFF))
-                assert EXTENSION_FIX in text and said
-                page.sidebar.screenshot(path=str(shots / "labextension-error-extension-off.png"))
-                assert "No GPU policy is kept (the tfgpu_magic server extension is off)" in page.caption()
-                page.start(COMMAND)  # JupyterLab's own restart-and-run: its dialog, without our policy words
-                dialog = page.page.locator(".jp-Dialog", has_text="Restart Kernel?")
-                dialog.wait_for(state="visible")
-                assert "GPU policy" not in dialog.inner_text()
-                dialog.locator(".jp-Dialog-button.jp-mod-reject").click()
-                page.page.wait_for_timeout(max(0.0, first + 60 - time.monotonic()) * 1000)
-                sent = [at for at, _ in page.requests if first <= at <= first + 60]
-                print(f"\nserver extension off: {len(sent)} requests to /api/tfgpu/ in the first minute "
-                      f"(refresh rate 1 s)")
-                assert 1 <= len(sent) <= FAILING_CAP, sent
-            finally:
-                page.page.close()
-
-
 ZERO_GPU_SERVER_CONFIG = """# Written by tests/test_labextension.py: this server's NVML answers and lists no card.
 import sys
 sys.path.insert(0, {tests!r})
@@ -849,25 +868,37 @@ NVML_WORDS = {
 
 
 @contextlib.contextmanager
-def sidebar_open(browser: Any, config: str, notebook: bool = False) -> Iterator[tuple[JupyterServer, Page]]:  # noqa: F811
-    """A JupyterLab with `config` as its server config, its page open on the GPU sidebar (and on a
-    notebook, where `notebook`)."""
+def configured_lab(config: str) -> Iterator[JupyterServer]:
+    """A JupyterLab with `config` as its server config, and a notebook."""
     with lab_env("tfgpu-labext-nvml-") as env:
         (env.config_dir / "jupyter_server_config.py").write_text(config)
         write_notebook(env.root, NOTEBOOK, ("x = 1",))
         with jupyterlab(env) as server:
-            page = open_page(browser, lab_url(server, NOTEBOOK if notebook else None), kernel=notebook)
-            try:
-                page.open_sidebar()
-                yield server, page
-            finally:
-                page.page.close()
+            yield server
+
+
+@contextlib.contextmanager
+def sidebar_open(browser: Any, server: JupyterServer, notebook: bool = False) -> Iterator[Page]:  # noqa: F811
+    """A page of `server` open on the GPU sidebar (and on the notebook, where `notebook`)."""
+    page = open_page(browser, lab_url(server, NOTEBOOK if notebook else None), kernel=notebook)
+    try:
+        page.open_sidebar()
+        yield page
+    finally:
+        page.page.close()
+
+
+@pytest.fixture(scope="module")
+def no_card_lab() -> Iterator[JupyterServer]:
+    """A JupyterLab whose NVML answers and lists no card, for the tests that need no kernel of its own."""
+    with configured_lab(ZERO_GPU_SERVER_CONFIG.format(tests=str(Path(__file__).resolve().parent))) as server:
+        yield server
 
 
 def test_no_nvidia_driver_or_no_nvml_is_said_with_the_fix(browser: Any, shots: Path) -> None:  # noqa: F811
     """This machine's own NVML: no driver here (or no nvidia-ml-py where there is one). The status item
     says it in a few words, the fix in its tooltip."""
-    with sidebar_open(browser, REAL_NVML_SERVER_CONFIG, notebook=True) as (server, page):
+    with configured_lab(REAL_NVML_SERVER_CONFIG) as server, sidebar_open(browser, server, notebook=True) as page:
         status = conforms(server.request("GET", "api/tfgpu/gpus"), "gpusReply")["gpu_status"]
         if status["error"] is None:
             pytest.skip("this machine's NVML answers: no error state to show")
@@ -880,10 +911,9 @@ def test_no_nvidia_driver_or_no_nvml_is_said_with_the_fix(browser: Any, shots: P
         assert fix in page.status.get_attribute("title")
 
 
-def test_nvml_with_no_card_says_so(browser: Any, shots: Path) -> None:  # noqa: F811
-    with sidebar_open(browser, ZERO_GPU_SERVER_CONFIG.format(tests=str(Path(__file__).resolve().parent))) as (
-            server, page):
-        assert conforms(server.request("GET", "api/tfgpu/gpus"), "gpusReply")["gpus"] == []
+def test_nvml_with_no_card_says_so(browser: Any, no_card_lab: JupyterServer, shots: Path) -> None:  # noqa: F811
+    with sidebar_open(browser, no_card_lab) as page:
+        assert conforms(no_card_lab.request("GET", "api/tfgpu/gpus"), "gpusReply")["gpus"] == []
         page.sidebar_says("NVML lists no GPU on this machine.")
         assert page.sidebar.locator(".tfgpu-gpu-card").count() == 0
         page.sidebar.screenshot(path=str(shots / "labextension-error-no-gpu.png"))
@@ -917,11 +947,11 @@ def answering(body: str) -> Callable[[Any], None]:
     return lambda route: route.fulfill(status=200, content_type="application/json", body=body)
 
 
-def test_states_of_a_gpu_machine_are_worded_from_their_codes(browser: Any, shots: Path) -> None:  # noqa: F811
+def test_states_of_a_gpu_machine_are_worded_from_their_codes(
+        browser: Any, no_card_lab: JupyterServer, shots: Path) -> None:  # noqa: F811
     """NVML missing; a driver that stopped answering (figures 42 s old), a card outside the server's
     grant, a server in a container of its own with a kernel's row by TensorFlow's figure."""
-    with sidebar_open(browser, ZERO_GPU_SERVER_CONFIG.format(tests=str(Path(__file__).resolve().parent))) as (
-            _, page):
+    with sidebar_open(browser, no_card_lab) as page:
         for code, reply in STATES_THIS_MACHINE_CANNOT_MAKE.items():
             with tfgpu_requests_answered(page, answering(json.dumps(conforms(reply, "gpusReply")))):
                 page.page.evaluate("() => { window.jupyterapp.shell.collapseRight(); }")
@@ -973,3 +1003,24 @@ def test_notebook_7_has_the_sidebar_and_the_restart_command(browser: Any) -> Non
                 kernel.close()
             finally:
                 page.page.close()
+
+
+# ----- last: the server extension off, its first minute counted ---------------------------------------------
+def test_with_the_server_extension_off_it_asks_at_most_six_times_a_minute(
+        extension_off: tuple[JupyterServer, Page]) -> None:
+    """`extension_off`'s page, polling at 1 s, open since the module's first test: it sends at most 6
+    requests to /api/tfgpu/ in the first minute, counted from its first by the browser's clock (one that got
+    no response counts as in the minute). Last in the module, so the minute has passed while the others ran;
+    run alone, this test waits it out."""
+    _, page = extension_off
+
+    def first_sent() -> float | None:
+        page.page.wait_for_timeout(100)  # Playwright's events come while it waits
+        return min(filter(None, page.sent_at()), default=None)
+
+    first = wait_until(first_sent, 30, "the page's first request to /api/tfgpu/")
+    page.page.wait_for_timeout(max(0.0, first + 60 - time.time()) * 1000)
+    sent = [at for at in page.sent_at() if at is None or first <= at <= first + 60]
+    print(f"\nserver extension off: {len(sent)} requests to /api/tfgpu/ in the first minute (refresh rate 1 s)")
+    assert 1 <= len(sent) <= FAILING_CAP, sent
+    assert page.page.evaluate("document.visibilityState") == "visible"

@@ -14,7 +14,6 @@ from typing import Callable, Iterator
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from IPython.core.error import UsageError
-from IPython.core.interactiveshell import InteractiveShell
 from IPython.core.profiledir import ProfileDir
 from traitlets.config import Config
 
@@ -22,15 +21,17 @@ import tfgpu_magic
 import tfgpu_magic.controller
 from cases import HASH_IN_WORD, HOSTILE, HUGE, HUGE_NUMBERS, NON_ASCII, params
 from strategies import FUZZ_EXAMPLES, directive_lines
+from tfgpu_magic import importhooks
 from tfgpu_magic.tf import importhook
+from tfgpu_magic.tf.apply import ApplyReport, Change
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.errors import PolicyError
 from tfgpu_magic.language.directives import ACTIONS, REGISTRY
 from tfgpu_magic.language.grammar import split_words
-from tfgpu_magic.views.commands import split_options
+from tfgpu_magic.views.magics import split_options
 from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog
-from tfgpu_magic.views.magics import TFGPUMagics
-from tfgpu_magic.tf.envvars import NAMES as OUR_ENV
+from tfgpu_magic.views.magics import TFGPUMagics, watch_tensorflow_import
+from tfgpu_magic.envvars import NAMES as OUR_ENV
 from tfgpu_magic.language.policy import Policy
 
 NO_NVML = "no NVML in these tests"
@@ -90,6 +91,22 @@ def test_edit_updates_policy_environment_and_arms_hook(controller: Controller, t
     assert controller.environ == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert "applies when TensorFlow is imported" in out
     assert importhook.is_armed()
+
+
+def test_the_hook_armed_at_load_hands_on_what_applying_left_undone(shell, controller: Controller) -> None:
+    """Loaded without a policy, the extension arms the import hook itself (`watch_tensorflow_import`);
+    its callback hands an apply that left something undone to `on_import_failure` (the views' warning),
+    as the controller's own callback does."""
+    importhook.disarm()
+    magics = shell.magics_manager.registry["TFGPUMagics"]
+    watch_tensorflow_import(magics)
+    hook = next(finder for finder in sys.meta_path if importhooks.is_hook(finder) and finder.target == "tensorflow")
+    undone = ApplyReport(controller.state(), locked=[Change("growth", "GPU:0", False, True)])
+    handed: list[ApplyReport] = []
+    controller.on_import_failure = handed.append
+    controller.apply = lambda: undone  # type: ignore[method-assign]
+    hook.callback()
+    assert not undone.ok and handed == [undone]
 
 
 def test_status_shows_policy_and_tensorflow_state(controller: Controller, tfgpu) -> None:
@@ -309,7 +326,7 @@ def test_load_ext_imports_nothing_heavy(tmp_path) -> None:
 
 LOAD_PATH = sorted(["tfgpu_magic", "tfgpu_magic.errors", "tfgpu_magic.views", "tfgpu_magic.views.magics",
                     "tfgpu_magic.jupyter", "tfgpu_magic.jupyter.startup", "tfgpu_magic.jupyter.persist",
-                    "tfgpu_magic.tf", "tfgpu_magic.tf.importhook"])
+                    "tfgpu_magic.tf", "tfgpu_magic.tf.importhook", "tfgpu_magic.importhooks"])
 """Every module of ours `%load_ext` imports where no policy exists (each costs about 0.1 ms; the
 CONTRIBUTING.md's Speed section says why each is there): a new one on this path shows up here."""
 

@@ -19,6 +19,7 @@ from fake_nvml import OTHER_PID, FakeNvml, four_gpus
 from fake_tf import FakeTF
 from kernels import quiet_env, tensorflow_stays_out_of_pytest  # noqa: F401 (autouse)
 
+from tfgpu_magic import importhooks
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog, Nvml, read_inventory
 from tfgpu_magic.tf import importhook
@@ -182,3 +183,28 @@ def test_in_a_container_the_memory_of_this_process_and_of_others_is_unknown_not_
     assert first.gpu == "0" and (first.process_mib, first.others_mib, first.other_processes) == (None, None, ())
     (same, *_) = memory_rows(ctl, mem, found)
     assert same.process_mib == 1024 and same.others_mib == 19 * 1024
+
+
+def test_pytorchs_own_figures_follow_tensorflows_table_on_the_cards_cuda_shows() -> None:
+    """With PyTorch beside TensorFlow, `%tfgpu memory` adds a line per CUDA device of PyTorch's own
+    figures (FakeTorch's allocator), each placed on its card by CUDA's order of this process's GPUs
+    (`visible 2,3`: cuda:1 is card 3), after the GPU table; nothing for PyTorch before its CUDA starts."""
+    from fake_torch import FakeOutOfMemoryError, FakeTorch
+
+    inventory = read_inventory(Nvml(module=FakeNvml(four_gpus())))
+    env: dict[str, str] = {}
+    fake = FakeTF(4, imported=False, environ=env)
+    torch = FakeTorch(environ=env, tf=fake, totals_mib=[gpu.memory_total_mib or 0 for gpu in inventory.gpus])
+    ctl = Controller(api=fake, environ=env, catalog=InventoryCatalog(inventory), torch=torch)
+    ctl.edit([ctl.parse("visible 2,3"), ctl.parse("limit 8GB 3")])
+    importhooks.disarm("torch")  # armed for a real `import torch` where PyTorch is installed: the fake imports
+    torch.import_torch()
+    ctl.apply()
+    assert "PyTorch" not in memory_text(ctl, inventory=inventory)
+    torch.allocate(1, 1024)
+    with pytest.raises(FakeOutOfMemoryError):  # past 8 GB of the 40 GiB card: the fraction holds
+        torch.allocate(1, 8 * 1024)
+    lines = memory_text(ctl, inventory=inventory).splitlines()
+    third, fourth = (gpu.uuid[:12] for gpu in inventory.gpus[2:])
+    assert lines[-2:] == [f"PyTorch cuda:0 ({third}…): allocated 0 MiB, reserved 0 MiB",
+                          f"PyTorch cuda:1 ({fourth}…): allocated 1.0 GiB, reserved 1.0 GiB"]

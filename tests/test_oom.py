@@ -421,7 +421,9 @@ def tf_kernel() -> Iterator[Kernel]:
         kernel.ok("%load_ext tfgpu_magic")
         assert kernel.evaluate(f"len({OURS})") == 0  # before TensorFlow is imported: no hook at all
         kernel.ok(SETUP)
-        assert kernel.evaluate(f"len({OURS})") == 3  # the initializing-cell pair and the OOM hook
+        # the initializing-cell pair, the OOM hook, and the publisher's look after each cell (a kernel of a
+        # server's: `kernelstate.Publisher.after_cell`)
+        assert kernel.evaluate(f"len({OURS})") == 4
         yield kernel
 
 
@@ -432,7 +434,8 @@ def test_a_real_oom_explains_itself_and_lets_go(tf_kernel: Kernel) -> None:
     assert tf_kernel.evaluate("initcell.initialized_by()") is None  # imported, not initialized yet
     tf_kernel.ok("x = tf.constant(1)  # the first op")
     assert tf_kernel.evaluate("initcell.initialized_by()") == "by In [3]: `x = tf.constant(1)  # the first op`"
-    assert tf_kernel.evaluate(f"len({OURS})") == 1  # the pair left once the cell was known: only the OOM hook
+    # the pair left once the cell was known: the OOM hook and the publisher's look remain
+    assert tf_kernel.evaluate(f"len({OURS})") == 2
     result = tf_kernel.run(REAL_OOM, timeout=180)
     assert result.status == "error" and result.errors[0]["ename"] == "ResourceExhaustedError"
     shown = re.sub(r"\x1b\[[0-9;]*m", "", result.traceback)  # IPython's colours

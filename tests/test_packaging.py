@@ -4,31 +4,43 @@ fresh virtual environment as the README says (the wheel, or `pip install -e .` i
 tfgpu_magic` and `ipython_config.py`'s `c.InteractiveShellApp.extensions` work without TensorFlow, and the
 install alone enables the server extension and the JupyterLab extension: nobody writes a Jupyter config.
 
-The build and the installs fetch hatchling, hatch-jupyter-builder, IPython, traitlets, ipywidgets and
-JupyterLab from the package index (pip's cache is fine); they skip, with pip's message, when pip cannot
-download from it, and never for a failure with the index in reach. Building the JupyterLab extension in a
-clone needs node and npm (npm's cache is fine). The oldest Python that python_requires admits is tried where
-this machine has it (on PATH or pyenv's); else those cases skip, saying so.
+The build and the installs fetch hatchling, hatch-jupyter-builder and what tfgpu_magic requires from the
+package index (pip's cache is fine); they skip, with pip's message, when pip cannot download from it, and
+never for a failure with the index in reach. Building the JupyterLab extension in a clone needs node and npm
+(npm's cache is fine). The oldest Python that python_requires admits is tried where this machine has it (on
+PATH or pyenv's); else those cases skip, saying so.
+
+JupyterLab, which a user has beside tfgpu_magic, is what these tests start, not what they test: a venv on
+this Python takes it (and pip, IPython, traitlets, ipywidgets, with what they require) from the environment
+running the tests, linked in before tfgpu_magic is installed (`link_dependencies`; the venv is checked to hold
+no tfgpu_magic, TensorFlow or NVML then), so `pip install` there installs tfgpu_magic alone, into the venv;
+the oldest Python's venv gets them from pip. The builds and the installs start together (`Workshop`), each in
+a folder of its own, removed in the background after the module.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import urllib.request
 import zipfile
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import pytest
 from kernels import isolated_env, quiet_env
 from kernels import HEAVY_MODULES
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from servers import isolated_jupyter, running_server
 
 try:
@@ -129,11 +141,9 @@ def copy_source(dest: Path) -> frozenset[str]:
     return files
 
 
-@pytest.fixture(scope="module")
-def dists(tmp_path_factory: pytest.TempPathFactory) -> Dists:
+def build_dists(tmp: Path) -> Dists:
     """The sdist, and the wheel built from it, as `python -m build` makes them for a release (it builds the
     sdist, then the wheel from the sdist unpacked): here the wheel's build sees no node or npm."""
-    tmp = tmp_path_factory.mktemp("packaging")
     source = tmp / "source"
     files = copy_source(source)
     out = tmp / "dist"
@@ -148,6 +158,12 @@ def dists(tmp_path_factory: pytest.TempPathFactory) -> Dists:
     check(built, sys.executable, tmp, build_requirement(), "python -m build --wheel, from the sdist, without node")
     (wheel,) = out.glob("tfgpu_magic-*-py3-none-any.whl")
     return Dists(source=source, files=files, wheel=wheel, sdist=sdist)
+
+
+@pytest.fixture(scope="module")
+def dists(workshop: Workshop) -> Dists:
+    """`build_dists`, made once for the module (by the workshop, beside the venvs)."""
+    return workshop.dists.result()
 
 
 def test_twine_check_passes(dists: Dists) -> None:
@@ -214,6 +230,8 @@ class Installed:
     venv: Path
     home: Path
     env: dict[str, str]
+    site_packages: Path
+    """The venv's own, where pip puts tfgpu_magic's metadata (its entry points) for either way."""
     package_dir: Path
     """Where `import tfgpu_magic` must come from: the venv's site-packages, or the clone (editable)."""
 
@@ -245,58 +263,186 @@ HOW = {
     "wheel, oldest Python": ("oldest", "wheel"),
 }
 """The README's ways to install: (which Python, what pip installs). The clone is a fresh copy of this
-source, with nothing built in it: its install builds the JupyterLab extension."""
+source, with nothing built in it: its install builds the JupyterLab extension (`npm install`, finding the
+packages the sdist's build installed from nothing moved there, then `npm run build`)."""
+NODE_MODULES = Path("labextension", "node_modules")
+"""npm's install in a source: some 30,000 files (half a minute of CPU), made once here."""
+FOUND = ("import importlib.util as u; "
+         "print(*[n for n in ('tfgpu_magic', 'tensorflow', 'pynvml', 'jupyterlab') if u.find_spec(n)])")
+"""In a venv: which of tfgpu_magic, TensorFlow, NVML and JupyterLab it can import."""
+CONSOLE_SCRIPT = """#!{python}
+import sys
+from {module} import {name}
+if __name__ == "__main__":
+    sys.exit({call}())
+"""
+"""A console script as pip writes one (`module:name.call`), run by the venv's Python."""
 
 
-@pytest.fixture(scope="module", params=list(HOW))
-def installed(
-    request: pytest.FixtureRequest, dists: Dists, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Installed]:
-    """`dists` installed into a fresh venv, as `HOW[request.param]` says."""
-    python_kind, how = HOW[request.param]
-    python = sys.executable
-    if python_kind == "oldest":
-        found = oldest_python()
-        if found is None:
-            pytest.skip("no interpreter here for the oldest Python that python_requires admits")
-        python = found
-    tmp = tmp_path_factory.mktemp("venv")
+def closure(requirements: Iterable[str]) -> list[importlib.metadata.Distribution]:
+    """The distributions of the environment running these tests that `pip install REQUIREMENTS` would
+    bring: each one named, and what it requires (with the extras asked for, markers evaluated here), and so
+    on; one this environment lacks is left for pip."""
+    found: dict[str, importlib.metadata.Distribution] = {}
+    done: set[tuple[str, str]] = set()
+    todo = [Requirement(text) for text in requirements]
+    while todo:
+        requirement = todo.pop()
+        name = canonicalize_name(requirement.name)
+        try:
+            dist = found.get(name) or importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        found[name] = dist
+        for extra in {"", *requirement.extras} - {extra for seen, extra in done if seen == name}:
+            done.add((name, extra))
+            needs = [Requirement(text) for text in dist.requires or ()]
+            todo += [need for need in needs if need.marker is None or need.marker.evaluate({"extra": extra})]
+    return list(found.values())
+
+
+def link_dependencies(venv: Path, overlay: Path, requirements: Iterable[str]) -> None:
+    """`closure(requirements)` made part of `venv` without pip, as installed here: their modules through
+    one .pth file in the venv's site-packages naming `overlay` (a folder of links to them: a folder outside
+    the venv, which pip never uninstalls from), their data files (JupyterLab's assets, their Jupyter
+    configs) copied under the venv's prefix, their console scripts written for the venv's Python."""
+    prefix, site_packages = Path(sys.prefix), Path(sysconfig.get_paths()["purelib"])
+    overlay.mkdir()
+    for dist in closure(requirements):
+        for script in dist.entry_points.select(group="console_scripts"):
+            module, _, call = script.value.partition(":")
+            path = venv / "bin" / script.name
+            path.write_text(CONSOLE_SCRIPT.format(python=venv / "bin" / "python", module=module.strip(),
+                                                  name=call.strip().split(".")[0], call=call.strip()))
+            path.chmod(0o755)
+        for file in dist.files or ():
+            path = Path(os.path.normpath(dist.locate_file(file)))
+            if path.is_relative_to(site_packages):
+                top = path.relative_to(site_packages).parts[0]
+                if top != "__pycache__" and not (overlay / top).is_symlink():
+                    (overlay / top).symlink_to(site_packages / top)
+            elif path.is_relative_to(prefix) and path.relative_to(prefix).parts[0] in ("share", "etc"):
+                copy = venv / path.relative_to(prefix)
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, copy)
+    venv_site_packages = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
+    (venv_site_packages / "tests-dependencies.pth").write_text(f"{overlay}\n")
+
+
+def install(way: str, python: str, tmp: Path, dists: Future[Dists]) -> Installed:
+    """tfgpu_magic installed into a fresh venv under `tmp` as `HOW[way]` says, after JupyterLab (and pip)
+    linked in on this Python (`link_dependencies`), else from pip; the venv is shown to hold no tfgpu_magic,
+    TensorFlow or NVML before."""
+    python_kind, how = HOW[way]
     venv = tmp / "venv"
-    created = run([python, "-m", "venv", venv], timeout=INSTALL_TIMEOUT)
+    linked = python_kind == "this"
+    created = run([python, "-m", "venv", *(["--without-pip"] if linked else []), venv], timeout=INSTALL_TIMEOUT)
     assert created.returncode == 0, created.stderr
     vpython = venv / "bin" / "python"
-    jupyter = run([vpython, "-m", "pip", "install", "--quiet", JUPYTER], timeout=INSTALL_TIMEOUT, cwd=tmp)
-    check(jupyter, vpython, tmp, JUPYTER, f"pip install {JUPYTER}")
-    clone = tmp / "clone"
-    if how == "wheel":
-        result = run([vpython, "-m", "pip", "install", "--quiet", dists.wheel], timeout=INSTALL_TIMEOUT, cwd=tmp)
-    else:
-        copy_source(clone)
-        result = run([vpython, "-m", "pip", "install", "--quiet", "-e", "."], timeout=INSTALL_TIMEOUT, cwd=clone)
-    check(result, vpython, tmp, "hatchling", f"pip install {how}")
     home = tmp / "home"
     home.mkdir()
     env = quiet_env(**isolated_env(tmp / "jupyter"), PYTHONNOUSERSITE="1")
-    env.pop("PYTHONPATH", None)  # the venv sees its own site-packages only
+    env.pop("PYTHONPATH", None)  # the venv sees its own site-packages (and what its .pth names) only
+    if linked:
+        link_dependencies(venv, tmp / "dependencies", ["pip", JUPYTER, *pyproject()["project"]["dependencies"]])
+    else:
+        jupyter = run([vpython, "-m", "pip", "install", "--quiet", JUPYTER], timeout=INSTALL_TIMEOUT, cwd=tmp)
+        check(jupyter, vpython, tmp, JUPYTER, f"pip install {JUPYTER}")
+    before = run([vpython, "-c", FOUND], cwd=home, env=env, timeout=RUN_TIMEOUT)
+    assert before.stdout.split() == ["jupyterlab"], before.stdout + before.stderr
+    assert not [*venv.glob("share/jupyter/labextensions/tfgpu*")] and not [*venv.glob("etc/jupyter/*/tfgpu*")]
+    clone = tmp / "clone"
+    if how == "wheel":
+        wheel = dists.result().wheel
+        result = run([vpython, "-m", "pip", "install", "--quiet", wheel], timeout=INSTALL_TIMEOUT, cwd=tmp)
+    else:
+        copy_source(clone)
+        npm_installed = dists.result().source / NODE_MODULES
+        if npm_installed.is_dir():  # npm's install from nothing is the sdist build's; the clone's build is its own
+            npm_installed.rename(clone / NODE_MODULES)
+        result = run([vpython, "-m", "pip", "install", "--quiet", "-e", "."], timeout=INSTALL_TIMEOUT, cwd=clone)
+    check(result, vpython, tmp, "hatchling", f"pip install {how}")
     where_to = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-    located = run([vpython, "-c", where_to], cwd=home, env=env, timeout=RUN_TIMEOUT)
-    package_dir = (Path(located.stdout.strip()) if how == "wheel" else clone) / "tfgpu_magic"
-    yield Installed(venv=venv, home=home, env=env, package_dir=package_dir)
-    shutil.rmtree(tmp, ignore_errors=True)  # a venv is ~30 MB; pytest would keep the last three runs
+    site_packages = Path(run([vpython, "-c", where_to], cwd=home, env=env, timeout=RUN_TIMEOUT).stdout.strip())
+    package_dir = (site_packages if how == "wheel" else clone) / "tfgpu_magic"
+    return Installed(venv=venv, home=home, env=env, site_packages=site_packages, package_dir=package_dir)
+
+
+@dataclass
+class Workshop:
+    """The builds and installs the selected tests of this module need, all started at once: the dists, and
+    beside them each way's venv with JupyterLab; then, the sdist built, the installs of tfgpu_magic."""
+
+    folders: list[Path] = field(default_factory=list)
+    """Where it builds and installs: removed after the module, in the background (`remove_in_background`)."""
+    dists: Future[Dists] = field(default_factory=Future)
+    installs: dict[str, Future[Installed]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Why an install way cannot be tried here (no such Python)."""
+
+    def folder(self, factory: pytest.TempPathFactory, name: str) -> Path:
+        self.folders.append(factory.mktemp(name))
+        return self.folders[-1]
+
+    def installed(self, way: str) -> Installed:
+        """The install made `way` (raising, or skipping, as making it did)."""
+        if way in self.skipped:
+            pytest.skip(self.skipped[way])
+        return self.installs[way].result()
+
+
+def remove_in_background(folders: list[Path]) -> None:
+    """Remove `folders` (venvs, node_modules: tens of thousands of files) in a thread that outlives the
+    module: on a disk that discards freed blocks that is a minute of waiting, little CPU. The interpreter
+    waits for the thread at exit; pytest would keep the last three runs' folders."""
+    cleaner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="packaging-cleanup")
+    for folder in folders:
+        cleaner.submit(shutil.rmtree, folder, ignore_errors=True)
+    cleaner.shutdown(wait=False)
+
+
+@pytest.fixture(scope="module")
+def workshop(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workshop]:
+    """A `Workshop` making the dists and the install ways that this session's tests of the module name."""
+    items = [item for item in request.session.items if item.module is request.module]
+    ways = sorted({item.callspec.params["installed"] for item in items if "installed" in item.fixturenames})
+    shop = Workshop()
+    try:
+        with ThreadPoolExecutor(max_workers=1 + len(ways), thread_name_prefix="packaging") as pool:
+            shop.dists = pool.submit(build_dists, shop.folder(tmp_path_factory, "packaging"))
+            for way in ways:
+                python = sys.executable if HOW[way][0] == "this" else oldest_python()
+                if python is None:
+                    shop.skipped[way] = "no interpreter here for the oldest Python that python_requires admits"
+                    continue
+                folder = shop.folder(tmp_path_factory, "venv")
+                shop.installs[way] = pool.submit(install, way, python, folder, shop.dists)
+            yield shop
+    finally:
+        remove_in_background(shop.folders)
+
+
+@pytest.fixture(scope="module", params=list(HOW))
+def installed(request: pytest.FixtureRequest, workshop: Workshop) -> Installed:
+    """tfgpu_magic installed into a fresh venv, as `HOW[request.param]` says (`install`)."""
+    return workshop.installed(request.param)
 
 
 def test_load_ext_and_a_directive_work_without_tensorflow(installed: Installed) -> None:
     code = "\n".join([
         "%load_ext tfgpu_magic",
         "%tfgpu growth on",
-        "import sys, tfgpu_magic",
+        "import importlib.metadata, sys, tfgpu_magic",
         "print('FROM', tfgpu_magic.__file__)",
+        "ours = [dist.locate_file('') for dist in importlib.metadata.distributions() if dist.name == 'tfgpu_magic']",
+        "print('METADATA', *ours)",
         f"print('HEAVY', sorted(set({list(HEAVY_MODULES)!r}) & set(sys.modules)))",
     ])
     result = installed.ipython(code)
     assert result.returncode == 0, result.stdout + result.stderr
     assert RECORDED in result.stdout.splitlines(), result.stdout
     assert f"FROM {installed.package_dir / '__init__.py'}" in result.stdout, result.stdout
+    assert f"METADATA {installed.site_packages}" in result.stdout.splitlines(), "one tfgpu_magic, the install's"
     assert "HEAVY []" in result.stdout, "tensorflow, ipywidgets and pynvml stay unimported"
     assert "Traceback" not in result.stdout + result.stderr, result.stdout + result.stderr
 
@@ -339,29 +485,35 @@ def page_config(html: str) -> dict[str, Any]:
 
 def test_the_install_alone_enables_the_server_extension_and_the_labextension(installed: Installed) -> None:
     """Jupyter in the venv, with Jupyter dirs of its own and no config written by anyone, lists both
-    extensions enabled, the server extension by the venv's own config (sys-prefix); its server answers
+    extensions enabled, the server extension by the venv's own config (sys-prefix), the labextension from
+    the venv's own share/jupyter (where only the install put it: `install`); its server answers
     /api/tfgpu/gpus, and JupyterLab's page asks the browser to load the labextension (the status item and
     the sidebar)."""
     version = json.loads((ROOT / "labextension" / "package.json").read_text())["version"]
     with isolated_jupyter("tfgpu-install-") as jupyter_env:
         env = jupyter_env.environ
-        env.pop("PYTHONPATH", None)  # the venv sees its own site-packages only
+        env.pop("PYTHONPATH", None)  # the venv sees its own site-packages (and what its .pth names) only
         env["PYTHONNOUSERSITE"] = "1"
         assert not [*jupyter_env.config_dir.iterdir()], "no config of the test's own"
-        servers = installed.jupyter("server", "extension", "list", env=env)
-        sections = {part.split("\n", 1)[0].strip(): part for part in servers.split("Config dir:")[1:]}
-        enabling = [Path(folder).resolve() for folder, text in sections.items()
-                    if re.search(r"tfgpu_magic\.serverext\s+enabled", text)]
-        assert enabling == [(installed.venv / "etc" / "jupyter").resolve()], servers
-        labextensions = installed.jupyter("labextension", "list", env=env)
-        assert re.search(rf"tfgpu-magic v{re.escape(version)} enabled\s+OK", labextensions), labextensions
-        with running_server(jupyter_env, app="jupyterlab", python=installed.python) as server:
-            reply = server.request("GET", "api/tfgpu/gpus")  # an HTTP error (404: not enabled) raises
-            assert isinstance(reply["gpus"], list), reply
-            request = urllib.request.Request(f"{server.url}lab", headers={"Authorization": f"token {server.token}"})
-            with NO_PROXY.open(request, timeout=RUN_TIMEOUT) as page:
-                assert page.status == 200
-                config = page_config(page.read().decode())
+        with ThreadPoolExecutor(max_workers=2) as listings:  # each takes seconds of CPU: beside the server's start
+            servers_listed = listings.submit(installed.jupyter, "server", "extension", "list", env=env)
+            labextensions_listed = listings.submit(installed.jupyter, "labextension", "list", env=env)
+            with running_server(jupyter_env, app="jupyterlab", python=installed.python) as server:
+                reply = server.request("GET", "api/tfgpu/gpus")  # an HTTP error (404: not enabled) raises
+                assert isinstance(reply["gpus"], list), reply
+                request = urllib.request.Request(f"{server.url}lab", headers={"Authorization": f"token {server.token}"})
+                with NO_PROXY.open(request, timeout=RUN_TIMEOUT) as page:
+                    assert page.status == 200
+                    config = page_config(page.read().decode())
+            servers, labextensions = servers_listed.result(), labextensions_listed.result()
+    sections = {part.split("\n", 1)[0].strip(): part for part in servers.split("Config dir:")[1:]}
+    enabling = [Path(folder).resolve() for folder, text in sections.items()
+                if re.search(r"tfgpu_magic\.serverext\s+enabled", text)]
+    assert enabling == [(installed.venv / "etc" / "jupyter").resolve()], servers
+    assert re.search(rf"tfgpu-magic v{re.escape(version)} enabled\s+OK", labextensions), labextensions
+    folders = re.findall(r"^(/\S*)\n((?:[ \t]+.*\n?)*)", labextensions, re.M)  # a folder, then its extensions
+    listing = [Path(folder).resolve() for folder, text in folders if re.search(r"^\s+tfgpu-magic v", text, re.M)]
+    assert listing == [(installed.venv / "share" / "jupyter" / "labextensions").resolve()], labextensions
     loaded = [extension["name"] for extension in config["federated_extensions"]]
     assert "tfgpu-magic" in loaded, loaded
     assert "tfgpu-magic" not in config.get("disabledExtensions", []), config["disabledExtensions"]

@@ -17,11 +17,10 @@ from hypothesis import strategies as st
 from fake_tf import FakeTF, GpuInForce, InForce
 
 from tfgpu_magic.errors import PolicyError
-from tfgpu_magic.tf.apply import limit_table, memory_limits
 from tfgpu_magic.tf.export import export
 from tfgpu_magic.language.directives import REGISTRY
 from tfgpu_magic.language.grammar import parse_line
-from tfgpu_magic.tf.plan import build_plan
+from tfgpu_magic.plan import build_plan
 from tfgpu_magic.tf.runtime import LogicalSpec
 from tfgpu_magic.language.policy import Policy, sort_gpu_items
 
@@ -183,7 +182,7 @@ def test_from_dict_superscript_key_is_policy_error() -> None:
 # ----- plan -------------------------------------------------------------------------------------
 def test_empty_policy_plans_nothing() -> None:
     plan = build_plan(Policy())
-    assert (plan.env, plan.limits, plan.splits, plan.notes, plan.growth, plan.cpu_devices) == ((), (), (), (), None, None)
+    assert (plan.env, plan.tf_limits, plan.tf_default_limits, plan.notes, plan.growth, plan.cpu_devices) == ((), (), None, (), None, None)
 
 
 def test_cpu_split_alone_sets_no_gpu_variables() -> None:
@@ -195,7 +194,7 @@ def test_growth_alone_uses_set_memory_growth() -> None:
     plan = build_plan(policy_of("growth on"))
     assert plan.growth is True
     assert plan.env_map == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", GROWTH_ENV: None}  # None: make sure it is unset
-    assert plan.limits == plan.splits == () and plan.notes == ()
+    assert plan.tf_limits == () and plan.tf_default_limits is None and plan.notes == ()
 
 
 @pytest.mark.parametrize("other", ["limit 1GB", "split 0 2x1GB", "split cpu 2"])
@@ -208,20 +207,18 @@ def test_growth_with_logical_devices_goes_through_the_environment(other: str) ->
 
 
 def test_limit_on_every_gpu_is_the_default_config() -> None:
-    """The plan keeps the policy's limits and splits as the policy holds them; TensorFlow's arguments
-    per GPU index are derived when applying (`tf.apply.memory_limits`)."""
+    """The plan holds TensorFlow's arguments per GPU index, derived once (`Plan.tf_limits`)."""
     plan = build_plan(policy_of("limit 1GB", "split 1 2x256MB"))
-    assert (plan.limits, plan.splits, plan.tf_indices) == ((("all", 1024),), (("1", (256, 256)),), (("1", 1),))
-    assert limit_table(plan) == ({1: (256, 256)}, (1024,))
-    assert [memory_limits(plan, i) for i in range(3)] == [(1024,), (256, 256), (1024,)]
+    assert (plan.tf_limits, plan.tf_default_limits, plan.tf_indices) == (((1, (256, 256)),), (1024,), (("1", 1),))
+    assert [plan.memory_limits(i) for i in range(3)] == [(1024,), (256, 256), (1024,)]
 
 
-def test_the_plan_holds_limit_2gb_as_the_policy_does() -> None:
-    """The trip of one value: `limit 2GB` is `(("all", 2048),)` in the policy and the plan, and
-    `(2048,)` (TensorFlow's memory_limit list) only for the call."""
+def test_the_plan_holds_limit_2gb_in_tensorflows_form() -> None:
+    """The trip of one value: `limit 2GB` is `(("all", 2048),)` in the policy and `(2048,)`
+    (TensorFlow's memory_limit list) in the plan, for every GPU."""
     plan = build_plan(policy_of("limit 2GB"))
-    assert plan.limits == (("all", 2048),) and plan.tf_indices == () and plan.has_tf_steps
-    assert memory_limits(plan, 0) == memory_limits(plan, 7) == (2048,)
+    assert plan.tf_default_limits == (2048,) and plan.tf_limits == () and plan.tf_indices == () and plan.has_tf_steps
+    assert plan.memory_limits(0) == plan.memory_limits(7) == (2048,)
 
 
 @pytest.mark.parametrize("line, cvd", [("visible 3,1", "3,1"), ("visible none", ""), ("visible GPU-8932f937", "GPU-8932f937")])
@@ -234,13 +231,13 @@ def test_visible_sets_cuda_variables_in_pci_order(line: str, cvd: str) -> None:
 def test_visible_renumbers_gpus_for_tensorflow() -> None:
     """nvidia-smi GPU 3 is TF's GPU 1 once only 2 and 3 are visible."""
     plan = build_plan(policy_of("visible 2,3", "limit 1GB 3"))
-    assert plan.limits == (("3", 1024),) and plan.tf_indices == (("3", 1),)
-    assert memory_limits(plan, 0) is None and memory_limits(plan, 1) == (1024,)
+    assert plan.tf_limits == ((1, (1024,)),) and plan.tf_indices == (("3", 1),)
+    assert plan.memory_limits(0) is None and plan.memory_limits(1) == (1024,)
 
 
 def test_visible_order_given_is_the_tensorflow_order() -> None:
     plan = build_plan(policy_of("visible 3,1", "split 1 2x1GB"))
-    assert plan.splits == (("1", (1024, 1024)),) and limit_table(plan) == ({1: (1024, 1024)}, None)
+    assert (plan.tf_limits, plan.tf_default_limits) == (((1, (1024, 1024)),), None)
 
 
 def test_inherited_visible_devices_renumber_too() -> None:
@@ -249,19 +246,19 @@ def test_inherited_visible_devices_renumber_too() -> None:
     assert build_plan(policy).tf_indices == (("2", 2),)
     assert build_plan(policy, inherited_visible="5,2").tf_indices == (("2", 1),)
     assert build_plan(policy_of("visible 2", "limit 1GB 2"), inherited_visible="5,2").tf_indices == (("2", 0),)
-    assert limit_table(build_plan(policy, inherited_visible="5,2")) == ({1: (1024,)}, None)
+    assert build_plan(policy, inherited_visible="5,2").tf_limits == ((1, (1024,)),)
 
 
 def test_uuid_without_inventory_is_unresolved_with_a_note() -> None:
     plan = build_plan(policy_of("limit 1GB GPU-8932f937", "limit 2GB 0"))
     assert plan.unresolved == ("GPU-8932f937",)
-    assert (plan.limits, plan.tf_indices) == ((("0", 2048),), (("0", 0),))
+    assert (plan.tf_limits, plan.tf_indices) == (((0, (2048,)),), (("0", 0),))
     assert any("GPU-8932f937" in note for note in plan.notes)
 
 
 def test_uuid_listed_in_visible_resolves() -> None:
     plan = build_plan(policy_of("visible 1,GPU-8932f937", "limit 1GB GPU-8932f937"))
-    assert plan.unresolved == () and (plan.limits, plan.tf_indices) == ((("GPU-8932f937", 1024),), (("GPU-8932f937", 1),))
+    assert plan.unresolved == () and (plan.tf_limits, plan.tf_indices) == (((1, (1024,)),), (("GPU-8932f937", 1),))
 
 
 def test_async_allocator() -> None:

@@ -17,7 +17,7 @@ from kernels import QUIET_ENV, quiet_env, tensorflow_stays_out_of_pytest  # noqa
 
 from tfgpu_magic.tf.export import export
 from tfgpu_magic.language.grammar import parse_line
-from tfgpu_magic.tf.envvars import NAMES as OUR_ENV
+from tfgpu_magic.envvars import NAMES as OUR_ENV
 from tfgpu_magic.language.policy import Policy
 
 pytestmark = pytest.mark.tensorflow
@@ -142,7 +142,7 @@ def test_configure_after_initialization_warns_with_script_advice():
 @pytest.mark.parametrize(
     "error, message",
     [
-        ("RuntimeError", "tfgpu_magic: could not apply the GPU policy on import: injected failure"),
+        ("RuntimeError", "tfgpu_magic: could not apply the GPU policy on `import tensorflow`: injected failure"),
         ("ValueError", "TensorFlow refused part of the policy"),
     ],
 )

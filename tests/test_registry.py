@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 from IPython.core.completer import provisionalcompleter
@@ -22,7 +22,7 @@ from tfgpu_magic.language.directives import ACTIONS, EDITS, OPTIONS, REGISTRY, d
 from tfgpu_magic.language.grammar import Action, Edit, apply_edit, parse_cell, parse_line
 from tfgpu_magic.language.policy import LOGLEVELS, Policy
 from tfgpu_magic.tf import importhook
-from tfgpu_magic.views.commands import check_options, split_options
+from tfgpu_magic.views.magics import check_options, split_options
 from tfgpu_magic.views.magics import TFGPUMagics
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -76,14 +76,16 @@ def four_gpu_status(environ: dict[str, str], *lines: str) -> list[str]:
     return StatusResult(snapshot(ctl)).text().splitlines()
 
 
-def test_readme_status_example_is_what_the_status_prints() -> None:
-    """The README's status example is the status's real text, line for line."""
+def test_readme_status_example_is_what_the_status_prints(installed_frameworks: Callable[..., None]) -> None:
+    """The README's status example is the status's real text, line for line (JAX installed, as it says;
+    PyTorch not)."""
+    installed_frameworks(jax_installed=True)
     assert readme_block_after("the status prints:") == four_gpu_status({}, "visible auto:2", "limit 50%")
 
 
 def test_readme_grant_example_is_what_the_status_prints() -> None:
     """The README's grant example: the refusal's words and the status lines it quotes are real."""
-    from tfgpu_magic.views.commands import run_line
+    from tfgpu_magic.views.magics import run_line
 
     shown = readme_block_after("on the fake four cards (real output):")
     granted = {"CUDA_VISIBLE_DEVICES": "2", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}

@@ -191,7 +191,7 @@ def test_server_restart_applies_policy_in_new_kernel(server: JupyterServer):
 
 
 NOT_LOADED_FOR_A_PENDING_POLICY = ("tfgpu_magic.language.grammar", "tfgpu_magic.views.status",
-                                   "tfgpu_magic.views.commands", "tfgpu_magic.jupyter.restart")
+                                   "tfgpu_magic.views.actions", "tfgpu_magic.jupyter.restart")
 """Not needed to apply a stored policy, so the new kernel does not load them before its first cell
 (the user waits for that load; `make bench`'s restart figure)."""
 

@@ -369,7 +369,8 @@ def valid_state(kernel_id: str, pid: int, policy: Policy = Policy(growth=True)) 
     return {"format": kernelstate.FORMAT, "kernel_id": kernel_id, "pid": pid, "written": 1.5e9,
             "policy": kernelstate.policy_record(policy),
             "tensorflow": {"state": "imported", "cuda_started": False, "initialized_by": None, "memory": []},
-            "pending": [], "restart_needed": False, "keep": True}
+            "pending": [], "restart_needed": False, "keep": True,
+            "frameworks": {"jax": None, "torch": None, "keras": None}}
 
 
 def _write_state(path: Path, mode: int = 0o600, text: str | None = None, **record: Any) -> None:
@@ -599,6 +600,42 @@ def test_the_schema_names_every_setting_and_reason_the_records_carry() -> None:
     assert set(get_args(Setting)) == set(defs["pendingChange"]["properties"]["setting"]["enum"])
     assert conforms({"setting": "growth", "device": "GPU:0", "now": None, "wanted": True, "why": None,
                      "needs_restart": False}, "pendingChange")
+
+
+def test_pytorch_imported_or_started_in_a_cell_is_published_after_that_cell(tmp_path: Path) -> None:
+    """PyTorch (and JAX) tell nobody when they are imported or start: the publisher looks after each
+    cell (IPython's `post_run_cell`, a real `EventManager`) and writes only when that changed; it stops
+    looking when publishing stops."""
+    from fake_torch import FakeTorch
+    from IPython.core.events import EventManager, available_events
+
+    env: dict[str, str] = {}
+    fake = FakeTF(2, environ=env)
+    torch = FakeTorch(environ=env, tf=fake)
+    catalog = InventoryCatalog(read_inventory(Nvml(module=FakeNvml(four_gpus()))))
+    controller = Controller(api=fake, environ=env, catalog=catalog, torch=torch)
+    (tmp_path / "runtime").mkdir()
+    shell = kernel_shell(tmp_path / "runtime" / "kernel-k1.json")
+    shell.events = EventManager(shell, available_events)
+    path = kernelstate.state_path("k1", tmp_path / "runtime")
+    try:
+        publisher = kernelstate.start_publishing(shell, controller)
+        assert publisher is not None and _published(path)["frameworks"]["torch"] is None
+        cell = lambda: shell.events.trigger("post_run_cell", None)  # noqa: E731 (what IPython does after a cell)
+        torch.import_torch()  # a cell's `import torch`: no event
+        writes = publisher.writes
+        cell()
+        assert publisher.writes == writes + 1 and _published(path)["frameworks"]["torch"]["state"] == "imported"
+        cell()
+        assert publisher.writes == writes + 1  # nothing changed: nothing written
+        torch.allocate(0, 512)  # a cell's first CUDA op
+        cell()
+        record = _published(path)["frameworks"]["torch"]
+        assert record["state"] == "started" and record["memory"][0]["current"] == 512 * MIB
+        kernelstate.stop_publishing()
+        assert shell.events.callbacks["post_run_cell"] == []
+    finally:
+        kernelstate.stop_publishing()
 
 
 def test_tensorflows_own_memory_figures_are_published_and_followed_while_they_move(

@@ -177,7 +177,8 @@ def test_shutdown_needs_yes_and_goes_to_the_owning_server(setup: Setup) -> None:
 FAKE_FIELDS: dict[str, Any] = {
     "pid": 7, "user": "me", "kernel_id": "k-123", "notebook": "x.ipynb", "tensorflow": True,
     "gpu_memory": {0: 3 * 1024 * MIB}, "idle_seconds": 7200.0, "this": False, "state": "idle",
-    "placed": None, "mine": True, "is_kernel": True, "host_pid": False, "tensorflow_figure": False}
+    "placed": None, "mine": True, "is_kernel": True, "host_pid": False, "tensorflow_figure": False,
+    "frameworks": []}
 
 
 def _fake_row(**changes: Any) -> holders.Holder:
@@ -304,7 +305,7 @@ def test_proc_files_are_capped_and_a_fifo_is_not_waited_on(tmp_path: Path, monke
     assert stat.S_ISFIFO(os.stat(proc / "5" / "fifo").st_mode)
 
 
-def test_in_a_container_a_kernel_shows_the_memory_its_tensorflow_publishes(
+def test_in_a_container_a_kernel_shows_the_memory_its_frameworks_publish(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With NVML's pids the host's, a kernel of this user (found by its command line) is listed with what
     its published state says TensorFlow's tensors use, labelled so; NVML's pids stay host pids."""
@@ -325,7 +326,11 @@ def test_in_a_container_a_kernel_shows_the_memory_its_tensorflow_publishes(
                   "tensorflow": {"state": "initialized", "cuda_started": True, "initialized_by": None,
                                  "memory": [{"device": "GPU:0", "card": inventory.gpus[3].uuid,
                                              "current": 3 * 1024 * MIB, "peak": 4 * 1024 * MIB}]},
-                  "pending": [], "restart_needed": False, "keep": False}
+                  "pending": [], "restart_needed": False, "keep": False,
+                  "frameworks": {"jax": {"state": "started", "version": "0.10.2", "variables": [], "fractions": [],
+                                         "memory": [{"device": "gpu:0", "card": inventory.gpus[3].uuid,
+                                                     "current": 1024 * MIB, "peak": None, "reserved": None}]},
+                                 "torch": None, "keras": None}}
         path = kernelstate.state_path(kernel_id, tmp_path)
         path.write_text(json.dumps(record))
         path.chmod(0o600)
@@ -336,6 +341,7 @@ def test_in_a_container_a_kernel_shows_the_memory_its_tensorflow_publishes(
         assert all(row.host_pid for row in rows if row.pid == OTHER_PID)
         text = who_view.render(rows, inventory)
         assert f"pid {process.pid} · " in text and "3.0 GiB (TensorFlow's figure)" in text
+        assert mine.frameworks == (("jax", 1024 * MIB),) and "JAX 1.0 GiB" in text  # JAX's own figure, as published
         assert text.count("docker run --pid=host") == 1
     finally:
         process.kill()

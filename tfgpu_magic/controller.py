@@ -6,20 +6,26 @@ controller returned by `get_controller()`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from typing import TYPE_CHECKING, Callable, Iterable, MutableMapping, NamedTuple
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, MutableMapping, NamedTuple
 
+from . import importhooks
 from .tf import importhook
 from .errors import PolicyError
+from .frameworks import FrameworkView, jax, keras
+from .frameworks.torch import Fractions, FractionSet, Torch, TorchAPI
+from .frameworks import torch as torch_room
 from .gpus.cudaenv import Grant, GrantedCatalog, grant_of
 from .gpus.inventory import Inventory, InventoryCatalog
-from .tf.envvars import ALLOCATOR_CREATION, CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, NAMES, read_at
-from .tf.plan import Plan, build_plan, gpu_refs, uses_gpu_settings
+from .envvars import (ALLOCATOR_CREATION, CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, NAMES, PYTORCH_ALLOC_CONF,
+                      PYTORCH_CUDA_ALLOC_CONF)
+from .plan import ALL_FRAMEWORKS, Frameworks, Plan, build_plan, gpu_refs, uses_gpu_settings
 from .language.policy import ALL_GPUS, Policy, is_index
 from .tf.apply import (ApplyReport, Pending, Recorded, any_logical_recorded, apply_plan, env_changes,
                        pending_changes, recorded_settings, session_config)
-from .tf.configapi import ConfigAPI, TensorFlowConfig
+from .tf.apply import ConfigAPI, TensorFlowConfig
 from .tf.routes import install_routes
 from .tf.runtime import RuntimeState, too_late
 
@@ -46,17 +52,31 @@ class GpuSettings(NamedTuple):
     split: tuple[int, ...] | None
 
 
+JAX, TORCH = "jax", "torch"
+"""The top-level packages whose import the controller watches (`importhooks`)."""
+
+
 class Controller:
-    """Holds the desired policy and applies it: via the environment and an import hook before
-    TensorFlow is imported, through `tf.config` after, and reports what is locked once initialized."""
+    """Holds the desired policy and applies it to every framework in the process: via the environment
+    before each reads it, through an import hook as TensorFlow and PyTorch finish importing, through
+    `tf.config` and `torch.cuda` after; reports what is locked once a framework has read it.
+
+    One-time work per framework happens once (`_tensorflow_imported`, `Fractions`): an edit applies the
+    plan, it does not set the frameworks up again."""
 
     def __init__(
         self,
         api: ConfigAPI | None = None,
         environ: MutableMapping[str, str] | None = None,
         catalog: InventoryCatalog | None = None,
+        torch: TorchAPI | None = None,
     ) -> None:
         self.api: ConfigAPI = api or TensorFlowConfig()
+        self.torch: TorchAPI = torch or Torch()
+        self.fractions = Fractions(lambda: dict(self.plan().torch_fractions), self.torch)
+        """PyTorch's per-device memory fractions, given as its CUDA starts (or at once, once started)."""
+        self._tf_ready = False
+        self._torch_importing = False
         self.environ = os.environ if environ is None else environ
         self.catalog = GrantedCatalog(catalog if catalog is not None else InventoryCatalog(), self.grant)
         """The GPUs a policy may name: the inventory's, inside this process's grant (`grant`)."""
@@ -102,10 +122,11 @@ class Controller:
 
     def pending(self, state: RuntimeState | None = None) -> list[Pending]:
         """Settings TensorFlow has not taken yet: those only a restart can make first, then those
-        `%tfgpu apply` still can (the views word them). Empty before CUDA started (nothing to compare)."""
+        `%tfgpu apply` still can (the views word them). Before CUDA started only the variables a reader
+        read already (JAX's at its backend start): there is no `tf.config` to compare yet."""
         state = state or self.state()
         if not (state.devices_listed or state.devices_created):
-            return []
+            return [Pending(change, change.why, True) for change in env_changes(self.plan(state))]
         steps, _ = pending_changes(self.plan(state), self.api)
         found = [Pending(step.change, step.change.why or ("initialized" if state.initialized else "no_call"), True)
                  if state.initialized or step.needs_restart else Pending(step.change, None, False) for step in steps]
@@ -135,6 +156,63 @@ class Controller:
         return {ref: GpuSettings(visible is None or ref in visible,
                                  limits.get(ref, None if ref in splits else limits.get(ALL_GPUS)), splits.get(ref))
                 for ref in refs}
+
+    def frameworks_moment(self) -> tuple[object, ...]:
+        """Where JAX, PyTorch and Keras are in their lives (imported; backends or CUDA started), which
+        they tell nobody: a few attribute reads, cheap enough for after every cell."""
+        return jax.state(), self.torch.state(), keras.imported()
+
+    def other_frameworks(self) -> list[FrameworkView]:
+        """JAX and PyTorch where imported (what they were told), or installed and told something by the
+        policy (what their import will bring); Keras where imported or set to another backend than
+        TensorFlow."""
+        from .envvars import BY_NAME
+
+        every = {"tensorflow", "jax", "torch"}  # CUDA's own variables: not told to one framework in particular
+        planned = {name: value for name, value in self._fresh_plan().env if value is not None}
+
+        def told(name: str, imported: bool) -> tuple[tuple[str, str], ...]:
+            source = self.environment() if imported else planned
+            return tuple((var, value) for var, value in source.items()
+                         if name in BY_NAME[var].frameworks and set(BY_NAME[var].frameworks) != every)
+
+        views = []
+        jax_state = jax.state()
+        jax_told = told(JAX, jax_state.imported)
+        if jax_state.imported or (jax_told and jax.installed()):
+            views.append(FrameworkView(JAX, jax_state.version, jax_state.imported, jax_state.started, jax_told))
+        torch_state = self.torch.state()
+        torch_told = told(TORCH, torch_state.imported)
+        fractions = self.plan().torch_fractions if torch_state.imported else self._fresh_plan().torch_fractions
+        if torch_state.imported or ((torch_told or fractions) and torch_room.installed()):
+            views.append(FrameworkView(TORCH, torch_state.version, torch_state.imported, torch_state.cuda_started,
+                                       torch_told, fractions, torch_state.cuda_build is not None
+                                       if torch_state.imported else None))
+        keras_state = keras.state(self.environ)
+        if keras_state.imported or keras_state.backend != keras.DEFAULT_BACKEND:
+            views.append(FrameworkView("keras", None, keras_state.imported, False, backend=keras_state.backend,
+                                       backend_source=keras_state.source))
+        return views
+
+    def framework_memory(self) -> dict[str, list[tuple[str, str | None, int, int | None, int | None]]]:
+        """JAX's and PyTorch's own figures per GPU once started: (device, card, in use, peak, reserved),
+        the card (UUID) placed by CUDA's order of this process's GPUs; {} for a framework not started."""
+        found: dict[str, list[tuple[str, str | None, int, int | None, int | None]]] = {}
+        figures = {JAX: [(index, f"gpu:{index}", d.in_use, d.peak, d.limit) for index, d in enumerate(jax.memory())],
+                   TORCH: [(device, f"cuda:{device}", allocated, None, reserved)
+                           for device, allocated, reserved in self.fractions.memory()]}
+        if not any(figures.values()):
+            return found
+        from .tf.memory import cuda_order
+
+        inventory = self.inventory()
+        state = self.state()
+        order = cuda_order(self, inventory, state, self.plan(state))
+        uuids = {gpu.ref: gpu.uuid for gpu in inventory.gpus}
+        for name, rows in figures.items():
+            found[name] = [(device, uuids.get(order[index]) if index < len(order) else None, current, peak, reserved)
+                           for index, device, current, peak, reserved in rows]
+        return found
 
     def inherited_environment(self) -> dict[str, str]:
         """The environment with the variables this tool set put back as they were: what a fresh process
@@ -220,7 +298,9 @@ class Controller:
 
         Only once TensorFlow is imported (its import costs far more than an NVML read); before, the
         libcuda check in `runtime_state` covers it, and `%load_ext` never loads NVML."""
-        state = self.api.state()
+        torch_state = self.torch.state()
+        state = self.api.state()._replace(jax_started=jax.state().started, torch_cuda=torch_state.cuda_started,
+                                          torch_imported=torch_state.imported)
         if state.cuda_fixed or not state.imported or not uses_gpu_settings(self.policy):
             return state
         inventory = self.inventory()
@@ -237,8 +317,25 @@ class Controller:
         recorded = self._may_look(state, probe) and any_logical_recorded(self.api)
         inherited = self.environ.get(CUDA_VISIBLE_DEVICES) if state.cuda_fixed else self._inherited(CUDA_VISIBLE_DEVICES)
         plan = build_plan(self.policy, inherited, cuda_started=state.cuda_fixed, aliases=self._aliases(self.policy),
-                          logical_recorded=recorded)
+                          logical_recorded=recorded, frameworks=self.frameworks())
         return plan._replace(locked_env=tuple(self._locked_env(plan, state)))
+
+    def frameworks(self, every: bool = False) -> Frameworks:
+        """What the plan needs to know of the other frameworks here: those imported (one imported later
+        gets the policy as its import finishes: `_watch_imports`), or every one (`every`: for a fresh
+        process elsewhere, or to show what an import will bring). The cards' totals are read only where
+        a limit needs them."""
+        torch_state, jax_state = self.torch.state(), jax.state()
+        here = ALL_FRAMEWORKS if every else Frameworks(
+            jax=jax_state.imported, torch=torch_state.imported or self._torch_importing,
+            tensorflow=self.api.state().imported, cuda_users=torch_state.cuda_started or jax_state.started)
+        needs_totals = bool(self.policy.limits or self.policy.splits) and (here.jax or here.torch)
+        inventory = self.inventory() if needs_totals else None
+        totals = {gpu.ref: gpu.memory_total_mib for gpu in inventory.gpus if gpu.memory_total_mib} \
+            if inventory is not None and inventory.available else {}
+        return here._replace(fraction_variable=jax.fraction_variable(self.environ) if here.jax else here.fraction_variable,
+                             alloc_conf=self._alloc_conf(),
+                             totals=totals, keras_backend=keras.state(self.environ).backend)
 
     def _may_look(self, state: RuntimeState, probe: bool) -> bool:
         """Whether `plan` asks TensorFlow for a recorded logical configuration (only growth's route
@@ -258,9 +355,11 @@ class Controller:
                      if (value := self._inherited(name)) is not None and name not in plan.env_map]
         return plan._replace(env=(*plan.env, *inherited)) if inherited else plan
 
-    def _fresh_plan(self) -> Plan:
-        """The plan for the policy in a process where CUDA has not started yet."""
-        return build_plan(self.policy, self._inherited(CUDA_VISIBLE_DEVICES), aliases=self._aliases(self.policy))
+    def _fresh_plan(self, every: bool = True) -> Plan:
+        """The plan for the policy in a process where CUDA has not started yet (`every`: with every
+        framework's settings, as `%tfgpu export` writes them)."""
+        return build_plan(self.policy, self._inherited(CUDA_VISIBLE_DEVICES), aliases=self._aliases(self.policy),
+                          frameworks=self.frameworks(every))
 
     def apply(self) -> ApplyReport:
         """Apply the policy now as far as TensorFlow allows; arm the import hook if TF is not loaded.
@@ -270,20 +369,19 @@ class Controller:
         state = self.state()
         plan = self.plan(state)
         env_applied = self._sync_env(plan, state)
+        self._watch_imports()
         if state.imported:
-            importhook.disarm()
-            from .tf.cellhooks import on_tensorflow_import
-
-            on_tensorflow_import(self)  # TensorFlow was imported before the extension: once, idempotent
-            install_routes(self.api, self._route_config)
+            self._tensorflow_imported()
             if self._may_look(state, True) != self._may_look(state, False):  # else the same plan again
                 plan = self.plan(state, probe=True)
                 env_applied += self._sync_env(plan, state)
             report = apply_plan(plan, self.api)
         else:
-            importhook.arm(self._on_import)
+            if not importhook.is_armed():
+                importhook.arm(self.on_tensorflow_import)
             report = ApplyReport(state=state, waiting=True, locked=env_changes(plan))
         report.applied[:0] = env_applied
+        report.applied += self._apply_torch()
         notes = [*plan.notes, *report.notes]
         report.notes = [note for note in notes if note not in self._notes_shown]
         self._notes_shown = set(notes)
@@ -297,7 +395,60 @@ class Controller:
         plan = self.plan()
         return session_config(plan, self.api) if plan.has_tf_steps else None
 
-    def _on_import(self) -> None:
+    def _tensorflow_imported(self) -> None:
+        """Once TensorFlow is imported, whoever imported it first (this extension's hook, or the user
+        before loading it): its cell hooks and the device-creating routes that use the policy."""
+        if self._tf_ready:
+            return
+        self._tf_ready = True
+        importhook.disarm()
+        from .tf.cellhooks import on_tensorflow_import
+
+        on_tensorflow_import(self)
+        install_routes(self.api, self._route_config)
+
+    def _apply_torch(self) -> list[FractionSet]:
+        """PyTorch's fractions (queued until its CUDA starts), once it is imported."""
+        return self.fractions.apply() if self.torch.state().imported else []
+
+    def _watch_imports(self) -> None:
+        """Where the policy tells JAX or PyTorch something and one is installed but not imported, a hook
+        applies the policy as its import finishes (before its backends or CUDA can start)."""
+        policy = self.policy
+        told = {JAX: policy.growth is not None or bool(policy.limits or policy.splits) or policy.allocator is not None,
+                TORCH: bool(policy.limits or policy.splits) or policy.allocator is not None}
+        installed = {JAX: lambda: not jax.state().imported and jax.installed(),
+                     TORCH: lambda: not self.torch.state().imported and torch_room.installed()}
+        around = {JAX: contextlib.nullcontext, TORCH: self._torch_import}
+        for name, wanted in told.items():
+            if wanted and not importhooks.is_armed(name) and installed[name]():
+                importhooks.arm(name, self._on_framework_import, around[name])
+
+    @contextlib.contextmanager
+    def _torch_import(self) -> Iterator[None]:
+        """`import torch` with PyTorch's variables set first: its CUDA library picks the allocator backend
+        as it loads (`envvars.PYTORCH_CUDA_ALLOC_CONF`)."""
+        self._torch_importing = True
+        try:  # `sys.modules` has the half-made module already: it is not imported yet
+            state = self.state()._replace(torch_imported=False)
+            self._sync_env(self.plan(state), state)
+            yield
+        finally:
+            self._torch_importing = False
+
+    def _alloc_conf(self) -> str | None:
+        """PyTorch's allocator configuration as inherited, as torch reads it: `PYTORCH_CUDA_ALLOC_CONF`
+        first (even empty), else `PYTORCH_ALLOC_CONF` (torch 2.13's CUDAAllocatorConfig::instance)."""
+        old = self._inherited(PYTORCH_CUDA_ALLOC_CONF)
+        return old if old is not None else self._inherited(PYTORCH_ALLOC_CONF)
+
+    def _on_framework_import(self) -> None:
+        """JAX or PyTorch finished importing: its variables and PyTorch's fractions (the report is the
+        status's to show, as nothing it says is new to this import)."""
+        self.apply()
+
+    def on_tensorflow_import(self) -> None:
+        """The import hook's callback: apply, and hand what was left undone to `on_import_failure`."""
         report = self.apply()
         if not report.ok and self.on_import_failure is not None:
             self.on_import_failure(report)
@@ -331,7 +482,7 @@ class Controller:
         wanted = plan.env_map
         late = [(name, current, target, why) for name, current, target in self._env_diff(plan)
                 if (why := self._too_late(name, state))]
-        fresh = self._fresh_plan().env_map if any(name not in wanted for name, *_ in late) else {}
+        fresh = self._fresh_plan(every=False).env_map if any(name not in wanted for name, *_ in late) else {}
         return [change for change in late if change[0] in wanted or change[0] not in fresh]
 
     def _too_late(self, name: str, state: RuntimeState) -> str | None:
@@ -341,7 +492,7 @@ class Controller:
         like any other (what this process starts inherits it) and never waits for a restart, which
         would not help it."""
         why = too_late(name, state)
-        if why and read_at(name) == ALLOCATOR_CREATION and state.devices_listed and not self.api.devices("GPU"):
+        if why == ALLOCATOR_CREATION.code and state.devices_listed and not self.api.devices("GPU"):
             return None
         return why
 

@@ -1,9 +1,12 @@
-"""`%tfgpu doctor`: why TensorFlow does (not) see a GPU, as ordered checks with a verdict and a fix.
-The checks are data (`Check`); `views.doctor` words them.
+"""`%tfgpu doctor`: why TensorFlow does (not) see a GPU, as ordered checks with a verdict and a fix,
+and whether the other frameworks installed here (PyTorch, JAX) are CUDA builds. The checks are data
+(`Check`); `views.doctor` words them.
 
-Nothing here initializes TensorFlow or starts CUDA: TensorFlow's build is read from its
-`build_info.py` without importing it, its pip CUDA packages from their metadata, what the loader
-has loaded from `/proc/self/maps`, and TF's device list is only compared once TF listed it.
+Nothing here initializes TensorFlow or starts CUDA, nor imports PyTorch or JAX: TensorFlow's build is
+read from its `build_info.py` and PyTorch's from its `version.py`, both parsed, never executed (or from
+torch itself where the kernel imported it); pip CUDA packages and JAX's CUDA plugins from their
+metadata, what the loader has loaded from `/proc/self/maps`, and TF's device list is only compared
+once TF listed it.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from .gpus.cudaenv import parse_cuda_visible
 from .gpus.inventory import NO_BINDING, NOT_ANSWERING, Gpu, Inventory, Nvml, shared_nvml
 from .gpus.processes import MAPS_BYTES, read_capped
 from .language.policy import Policy
-from .tf.envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR
-from .tf.configapi import ConfigAPI
+from .envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR
+from .tf.apply import ConfigAPI
 from .tf.runtime import ASYNC_ALLOCATOR
 
 OK, WARN, FAIL, INFO = "ok", "warn", "FAIL", "info"
@@ -40,6 +43,15 @@ FINDS_PIP_CUDA_ITSELF = (2, 16)
 (tensorflow#63362, #65842) unless their folders are on LD_LIBRARY_PATH."""
 LAST_WINDOWS_GPU = (2, 10)
 """The last TensorFlow with GPU support on native Windows."""
+JAX_CUDA_PLUGIN = re.compile(r"jax-cuda(\d+)-(plugin|pjrt)")
+"""JAX's CUDA support since 0.4.31 (`pip install "jax[cuda12]"`): a plugin and its PJRT runtime,
+each of jaxlib's exact version (else JAX says "JAX plugin jax_cuda12_plugin version X is not
+compatible with jaxlib version Y" and runs on the CPU)."""
+TORCH_BUILD = ("__version__", "cuda", "hip")
+"""What `torch.version` (torch/version.py) says of a build: its version, CUDA's and ROCm's (None: not one)."""
+TORCH_CUDA_FIX = ("pip uninstall -y torch && pip install torch (PyPI's Linux wheels are CUDA builds; another "
+                  "CUDA version: https://pytorch.org/get-started/locally/), then restart the kernel")
+JAX_CUDA_FIX = 'pip install -U "jax[cuda12]" (or "jax[cuda13]" with an NVIDIA driver 580 or newer), then restart the kernel'
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,12 @@ class Machine:
     """`sys.platform`."""
     kernel_version: str = ""
     """/proc/version ("microsoft" in it: WSL)."""
+    torch_build: Mapping[str, object] | None = None
+    """PyTorch's `torch.version` facts (`__version__`, `cuda`, `hip`) where it is installed
+    (`read_torch_build`); None: not installed."""
+    jax_packages: Mapping[str, str] = field(default_factory=dict)
+    """`jax`, `jaxlib` and JAX's CUDA plugins installed here → version (`jax_distributions`); empty:
+    JAX is not installed."""
 
 
 def inspect_machine(environ: Mapping[str, str], inventory: Inventory, policy: Policy, api: ConfigAPI,
@@ -112,6 +130,8 @@ def inspect_machine(environ: Mapping[str, str], inventory: Inventory, policy: Po
         compute_capabilities=read_compute_capabilities(inventory, nvml),
         platform=sys.platform,
         kernel_version=_read_text("/proc/version"),
+        torch_build=read_torch_build(),
+        jax_packages=jax_distributions(),
     )
 
 
@@ -199,6 +219,52 @@ def read_compute_capabilities(inventory: Inventory, nvml: Nvml | None = None) ->
 
     answer = session.run(read, "compute capabilities")  # bounded like every NVML read: unknown past it
     return answer.value if answer.done else {}
+
+
+def read_torch_build() -> dict[str, object] | None:
+    """PyTorch's build (`TORCH_BUILD`): what the imported torch says, else its `torch/version.py`
+    parsed (a CUDA wheel from PyPI has no `+cuXXX` in its distribution's version, only there); None
+    where torch is not installed, {} where its version.py cannot be read."""
+    version = getattr(sys.modules.get("torch"), "version", None)
+    if version is not None:
+        return {name: getattr(version, name, None) for name in TORCH_BUILD}
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        found = read_version_file(Path(list(spec.submodule_search_locations)[0]) / "version.py")
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    return {name: found.get(name) for name in TORCH_BUILD} if "__version__" in found else {}
+
+
+def read_version_file(path: Path) -> dict[str, object]:
+    """The literal module-level assignments of a `version.py` (`cuda: Optional[str] = '12.8'`), parsed."""
+    found: dict[str, object] = {}
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0] if isinstance(node, ast.Assign) else None
+        if isinstance(target, ast.Name) and node.value is not None:
+            try:
+                found[target.id] = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+    return found
+
+
+def jax_distributions() -> dict[str, str]:
+    """`jax`, `jaxlib` and every `jax-cudaNN-plugin` / `jax-cudaNN-pjrt` installed → version; {}
+    without `jax` (from the distributions' metadata: nothing is imported)."""
+    if _version("jax") is None:
+        return {}
+    found = {}
+    for distribution in importlib.metadata.distributions():
+        name = re.sub(r"[-_.]+", "-", distribution.metadata.get("Name") or "").lower()
+        if name in ("jax", "jaxlib") or JAX_CUDA_PLUGIN.fullmatch(name):
+            found.setdefault(name, distribution.version)  # the first on sys.path, as Python imports it
+    return found
 
 
 def _has_tensorflow(python: str) -> bool | None:
@@ -554,6 +620,47 @@ def _check_gpu_order(m: Machine) -> Check | None:
                  "restart the kernel with a GPU policy (it sets CUDA_DEVICE_ORDER=PCI_BUS_ID before CUDA starts)")
 
 
+def _check_torch_build(m: Machine) -> Check | None:
+    """PyTorch installed here: a CUDA build, or one that never uses an NVIDIA GPU."""
+    build = m.torch_build
+    if build is None:
+        return None
+    version = build.get("__version__") or "?"
+    if not build:
+        return Check("PyTorch build", WARN, "installed; its torch/version.py is unreadable")
+    if build.get("cuda"):
+        return Check("PyTorch build", OK, f"torch {version}, built with CUDA {build['cuda']}")
+    kind = f"a ROCm build (HIP {build['hip']})" if build.get("hip") else "a CPU-only build"
+    return Check("PyTorch build", WARN, f"torch {version} is {kind}: PyTorch never uses an NVIDIA GPU", TORCH_CUDA_FIX)
+
+
+def _check_jax_build(m: Machine) -> Check | None:
+    """JAX installed here: its CUDA plugin and PJRT runtime, of jaxlib's exact version."""
+    packages = m.jax_packages
+    if not packages:
+        return None
+    jaxlib = packages.get("jaxlib")
+    installed = f"jax {packages.get('jax', '?')}, jaxlib {jaxlib or 'missing'}"
+    if jaxlib is not None and "+cuda" in jaxlib:
+        return Check("JAX build", OK, f"{installed} (a CUDA build of jaxlib)")
+    plugins = {name: version for name, version in packages.items() if JAX_CUDA_PLUGIN.fullmatch(name)}
+    if not plugins:
+        return Check("JAX build", WARN, f"{installed}, no CUDA plugin: JAX runs on the CPU only", JAX_CUDA_FIX)
+    listed = ", ".join(f"{name} {version}" for name, version in sorted(plugins.items()))
+    cudas = sorted({JAX_CUDA_PLUGIN.fullmatch(name)[1] for name in plugins})
+    missing = [f"jax-cuda{cuda}-{part}" for cuda in cudas for part in ("plugin", "pjrt")
+               if f"jax-cuda{cuda}-{part}" not in plugins]
+    fix = f'pip install -U "jax[cuda{cudas[-1]}]", then restart the kernel'
+    if missing:
+        return Check("JAX build", WARN, f"{installed}, {listed}, but {', '.join(missing)} missing: JAX runs on the CPU "
+                     "only", fix)
+    stale = [name for name, version in sorted(plugins.items()) if jaxlib is not None and version != jaxlib]
+    if stale:
+        return Check("JAX build", WARN, f"{installed}, {listed}: {', '.join(stale)} not of jaxlib's version, so JAX "
+                     "leaves its CUDA plugin out and runs on the CPU only", fix)
+    return Check("JAX build", OK, f"{installed}, {listed}")
+
+
 CHECKS: tuple[Callable[[Machine], Check | None], ...] = (
     _check_platform,
     _check_nvml,
@@ -562,6 +669,8 @@ CHECKS: tuple[Callable[[Machine], Check | None], ...] = (
     _check_tensorflow,
     _check_python,
     _check_compute_capability,
+    _check_torch_build,
+    _check_jax_build,
     _check_cuda_visible,
     _check_device_order,
     _check_forced_growth,
@@ -572,7 +681,8 @@ CHECKS: tuple[Callable[[Machine], Check | None], ...] = (
 """The checks in the order the layers depend on each other, so that "fix the first one first" holds:
 the platform (an NVIDIA GPU can reach it at all), the driver (NVML), the device nodes that pass the GPU
 into this machine or container, the CUDA libraries, TensorFlow's build (installed for the kernel's
-Python, built for these cards), then what steers CUDA once all that is there (CUDA_* variables, the
+Python, built for these cards), the other frameworks' builds (PyTorch, JAX: a warning, never why
+TensorFlow has no GPU), then what steers CUDA once all that is there (CUDA_* variables, the
 allocator's), and last what TensorFlow itself lists. A CPU-only TensorFlow on a machine without a GPU
 is not the first thing to fix."""
 

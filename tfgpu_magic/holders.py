@@ -54,6 +54,9 @@ class Holder(NamedTuple):
     tensorflow_figure: bool = False
     """`gpu_memory` is what the kernel's TensorFlow says its tensors use (its published state), not
     NVML's figure for the process: where NVML's pids are the host's."""
+    frameworks: tuple[tuple[str, int], ...] = ()
+    """(`jax` or `torch`, bytes in use on all its GPUs) as the kernel's published state says: each
+    framework's own figure, where it started."""
 
     def as_dict(self) -> dict[str, Any]:
         """The public form: a plain dict with its own copy of `gpu_memory`."""
@@ -95,7 +98,8 @@ def who(inventory: Inventory | None = None, runtime_dir: Path | None = None) -> 
         own = info.uid is not None and info.uid == me
         kernel_id = info.kernel_id if own else None
         session = known.get(kernel_id) if kernel_id else None
-        figures = _tensorflow_figures(info, found) if foreign and kernel_id else {}
+        state = _published(info) if kernel_id else None
+        figures = _tensorflow_figures(state, found) if foreign and state is not None else {}
         rows.append(Holder(
             pid=pid,
             user=info.user,
@@ -110,21 +114,35 @@ def who(inventory: Inventory | None = None, runtime_dir: Path | None = None) -> 
             mine=own,
             is_kernel=own and info.is_kernel,
             tensorflow_figure=bool(figures),
+            frameworks=_framework_figures(state),
         ))
     return rows
 
 
-def _tensorflow_figures(info: Any, inventory: Inventory) -> dict[int, int | None]:
-    """Card → bytes the kernel `info`'s TensorFlow publishes for its tensors (its state file, next to its
-    connection file); {} where it publishes none or its file is not usable."""
+def _published(info: Any) -> dict[str, Any] | None:
+    """The state kernel `info` publishes (its state file, next to its connection file); None where it
+    publishes none or its file is not usable."""
     from .gpus.processes import runs_kernel
     from .jupyter import kernelstate
 
     try:
-        state = kernelstate.read_state(info.kernel_id, Path(info.connection_file).parent, runs_kernel)
+        return kernelstate.read_state(info.kernel_id, Path(info.connection_file).parent, runs_kernel)
     except kernelstate.StateInvalid:
-        return {}
-    return dict(kernelstate.memory_by_card(state, inventory)) if state is not None and inventory.available else {}
+        return None
+
+
+def _tensorflow_figures(state: dict[str, Any], inventory: Inventory) -> dict[int, int | None]:
+    """Card → bytes the kernel's TensorFlow publishes for its tensors."""
+    from .jupyter import kernelstate
+
+    return dict(kernelstate.memory_by_card(state, inventory)) if inventory.available else {}
+
+
+def _framework_figures(state: dict[str, Any] | None) -> tuple[tuple[str, int], ...]:
+    """(framework, bytes in use on all its GPUs) for JAX and PyTorch where the state has their figures."""
+    frameworks = state["frameworks"] if state is not None else {}
+    return tuple((name, sum(row["current"] for row in frameworks[name]["memory"]))
+                 for name in ("jax", "torch") if frameworks.get(name) and frameworks[name]["memory"])
 
 
 def host_row(pid: int, held: dict[int, int | None]) -> Holder:

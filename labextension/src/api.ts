@@ -82,8 +82,17 @@ export interface ILogicalDevice {
 export type SettingValue = null | boolean | string | string[] | ILogicalDevice[];
 
 /** `$defs/lockReason`: why a change waits for a restart (`devices_created`: something else created the
- * GPU devices already). */
-export type LockReason = 'initialized' | 'import' | 'cuda_start' | 'allocator_creation' | 'devices_created' | 'no_call';
+ * GPU devices already; `jax_backends`, `torch_cuda`, `torch_import`: another framework read it then). */
+export type LockReason =
+  | 'initialized'
+  | 'import'
+  | 'cuda_start'
+  | 'allocator_creation'
+  | 'devices_created'
+  | 'jax_backends'
+  | 'torch_cuda'
+  | 'torch_import'
+  | 'no_call';
 
 /** `$defs/pendingChange`: a setting TensorFlow (or CUDA) has not taken. */
 export interface IPendingChange {
@@ -125,6 +134,59 @@ export interface ITensorFlow {
   memory: { device: string; card: string | null; current: number; peak: number }[];
 }
 
+/** `$defs/framework`/`state`: `started` is JAX's backends or PyTorch's CUDA (what they read then is
+ * fixed until a restart). */
+export type FrameworkState = 'not_imported' | 'imported' | 'started';
+
+/** `$defs/framework`/`variables`: a variable as set now (imported) or as its import will set it. */
+export interface IFrameworkVariable {
+  name: string;
+  value: string;
+}
+
+/** `$defs/framework`/`fractions`: PyTorch's per-process memory fraction of a device (CUDA's index);
+ * JAX: one entry, device 0, for every device. */
+export interface IFrameworkFraction {
+  device: number;
+  fraction: number;
+}
+
+/** `$defs/framework`/`memory`: the framework's own figures of one device once started (JAX's
+ * `memory_stats()`, PyTorch's allocator); `card` is the GPU's UUID where the kernel could place it. */
+export interface IFrameworkMemory {
+  device: string;
+  card: string | null;
+  current: number;
+  peak: number | null;
+  reserved: number | null;
+}
+
+/** `$defs/framework`: JAX or PyTorch in the kernel. */
+export interface IFramework {
+  state: FrameworkState;
+  version: string | null;
+  variables: IFrameworkVariable[];
+  fractions: IFrameworkFraction[];
+  memory: IFrameworkMemory[];
+}
+
+/** `$defs/frameworks`/`keras`/`source`: `keras` as the imported Keras says, else where the backend it
+ * will take comes from. */
+export type KerasBackendSource = 'keras' | 'KERAS_BACKEND' | 'keras.json' | 'default';
+
+/** `$defs/frameworks`/`keras`: Keras 3's backend. */
+export interface IKeras {
+  backend: string;
+  source: KerasBackendSource;
+}
+
+/** `$defs/frameworks`: the other frameworks in the kernel (null: not imported and told nothing). */
+export interface IFrameworks {
+  jax: IFramework | null;
+  torch: IFramework | null;
+  keras: IKeras | null;
+}
+
 /** `$defs/kernelGpu`. */
 export interface IKernelGpu {
   index: number;
@@ -149,6 +211,7 @@ export interface IKernelReply {
   gpus: IKernelGpu[];
   gpu_status: IGpuStatus;
   error: IReplyError | null;
+  frameworks: IFrameworks | null;
 }
 
 /** `$defs/keepReply`: `POST /api/tfgpu/kernels/<id>/keep`. */

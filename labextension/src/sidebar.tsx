@@ -1,6 +1,8 @@
 /**
- * The GPU sidebar: what cannot be shown and why (with the fix), this notebook's kernel, then a card per
- * GPU with its processes and "Shut down" for this user's idle kernels. A view of the model
+ * The GPU sidebar: what cannot be shown and why (with the fix), this notebook's kernel and the other
+ * frameworks in it (JAX, PyTorch, Keras's backend: none for a TensorFlow-only kernel), then a card per
+ * GPU with its processes, "Shut down" for this user's idle kernels, and the other frameworks' own
+ * figures of this notebook placed on their card. A view of the model
  * (`VDomRenderer`): React reconciles every poll into the same nodes, keyed by card UUID and pid, so a
  * focused button keeps its focus and a click lands. Notebook names come from users and are rendered
  * as text only.
@@ -11,11 +13,23 @@ import type { Message } from '@lumino/messaging';
 import React from 'react';
 
 import { StaleMark } from './age';
-import type { IGpu, IGpuProcess, IKernelRef } from './api';
+import type { IGpu, IGpuProcess, IKernelReply, IKernelRef } from './api';
 import type { GpuModel } from './model';
 import { IProblem, problems } from './problems';
 import { bytesText, gibPair } from './sizes';
-import { idle, statusDetails, statusLine, tensorflowState } from './words';
+import {
+  FRAMEWORK_LABELS,
+  frameworkMemory,
+  frameworkMemoryLine,
+  frameworkRows,
+  idle,
+  statusDetails,
+  statusLine,
+  tensorflowState
+} from './words';
+
+/** One device's own figures of a framework (`frameworkMemory`). */
+type FrameworkFigure = ReturnType<typeof frameworkMemory>[number];
 
 export const SIDEBAR_ID = 'tfgpu-sidebar';
 
@@ -63,6 +77,8 @@ export class GpuSidebar extends VDomRenderer<GpuModel> {
     const kernel = model.kernel(kernelId);
     const gpus = model.gpus;
     const failing = model.failure !== null;
+    const figures = frameworkMemory(kernel?.reply.frameworks ?? null);
+    const cards = new Set((gpus?.reply.gpus ?? []).map(gpu => gpu.uuid));
     return (
       <>
         <h2 className="tfgpu-sidebar-title">{trans.__('GPUs')}</h2>
@@ -73,11 +89,25 @@ export class GpuSidebar extends VDomRenderer<GpuModel> {
             <StaleMark trans={trans} received={kernel} failing={failing} prefix=" · " />
           </div>
         )}
+        {kernel && (
+          <Frameworks
+            trans={trans}
+            reply={kernel.reply}
+            unplaced={figures.filter(figure => figure.row.card === null || !cards.has(figure.row.card))}
+          />
+        )}
         {gpus && gpus.reply.gpus.length > 0 && (
           <div className="tfgpu-cards">
             <StaleMark trans={trans} received={gpus} failing={failing} />
             {gpus.reply.gpus.map(gpu => (
-              <Card key={gpu.uuid} trans={trans} gpu={gpu} kernelId={kernelId} shutdown={this.shutdown} />
+              <Card
+                key={gpu.uuid}
+                trans={trans}
+                gpu={gpu}
+                kernelId={kernelId}
+                shutdown={this.shutdown}
+                figures={figures.filter(figure => figure.row.card === gpu.uuid)}
+              />
             ))}
           </div>
         )}
@@ -103,11 +133,41 @@ function Problems(props: { trans: TranslationBundle; problems: IProblem[] }): JS
   );
 }
 
+/** A line per other framework in this notebook's kernel: its version, state and what it was told; under
+ * it, its figures of devices not on a card shown here. Nothing for a TensorFlow-only kernel. */
+function Frameworks(props: { trans: TranslationBundle; reply: IKernelReply; unplaced: FrameworkFigure[] }): JSX.Element | null {
+  const { trans, reply } = props;
+  const rows = frameworkRows(trans, reply.frameworks, reply.policy?.growth === true);
+  if (!rows.length) {
+    return null;
+  }
+  return (
+    <div className="tfgpu-frameworks">
+      {rows.map(row => {
+        const figures = props.unplaced.filter(figure => figure.name === row.name);
+        return (
+          <div key={row.name} className={`tfgpu-framework tfgpu-framework-${row.name}`}>
+            <span className="tfgpu-framework-label">{row.label}</span> <span className="tfgpu-framework-line">{row.line}</span>
+            {figures.length > 0 && (
+              <ul className="tfgpu-framework-memory">
+                {figures.map(({ name, row: figure }) => (
+                  <li key={figure.device}>{frameworkMemoryLine(trans, name, figure, true)}</li>
+                ))}
+              </ul>
+            )}
+          </div>
+        );
+      })}
+    </div>
+  );
+}
+
 function Card(props: {
   trans: TranslationBundle;
   gpu: IGpu;
   kernelId: string | null;
   shutdown: Shutdown;
+  figures: FrameworkFigure[];
 }): JSX.Element {
   const { trans, gpu, kernelId } = props;
   const total = gpu.memory_total ?? 0;
@@ -145,6 +205,19 @@ function Card(props: {
           <Process key={`${proc.memory_source}-${proc.pid}`} trans={trans} proc={proc} kernelId={kernelId} shutdown={props.shutdown} />
         ))}
       </ul>
+      {props.figures.length > 0 && (
+        <ul className="tfgpu-framework-figures">
+          {props.figures.map(({ name, row }) => (
+            <li
+              key={`${name}-${row.device}`}
+              className="tfgpu-framework-figure"
+              title={trans.__("%1's own figures of this notebook's kernel (not what the card sees)", FRAMEWORK_LABELS[name])}
+            >
+              {trans.__('%1 ← this notebook', frameworkMemoryLine(trans, name, row, false))}
+            </li>
+          ))}
+        </ul>
+      )}
     </div>
   );
 }

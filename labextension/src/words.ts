@@ -9,6 +9,10 @@ import type { TranslationBundle } from '@jupyterlab/translation';
 import type {
   FailureKind,
   ErrorCode,
+  FrameworkState,
+  IFramework,
+  IFrameworkMemory,
+  IFrameworks,
   IInitializedBy,
   IKernelReply,
   IPendingChange,
@@ -201,6 +205,9 @@ export function pendingChange(trans: TranslationBundle, change: IPendingChange):
     import: trans.__('read when TensorFlow was imported'),
     cuda_start: trans.__('read when CUDA started'),
     allocator_creation: trans.__('read when TensorFlow created the GPU allocators'),
+    jax_backends: trans.__("read when JAX's backends started"),
+    torch_cuda: trans.__("read when PyTorch's CUDA started"),
+    torch_import: trans.__('read when PyTorch was imported'),
     no_call: trans.__('TensorFlow has no call for it in this process')
   };
   const why = change.why === null ? null : reasons[change.why];
@@ -220,6 +227,140 @@ export function pendingGroups(trans: TranslationBundle, pending: IPendingChange[
       items: pending.filter(change => change.needs_restart === group.restart).map(change => pendingChange(trans, change))
     }))
     .filter(group => group.items.length);
+}
+
+/** The other frameworks by the names their key has in `$defs/frameworks`. */
+export type FrameworkName = keyof IFrameworks;
+
+/** How each framework is called (names, not words: not translated; `FRAMEWORK_LABELS` in
+ * tfgpu_magic/views/status.py). */
+export const FRAMEWORK_LABELS: Record<FrameworkName, string> = { jax: 'JAX', torch: 'PyTorch', keras: 'Keras' };
+
+/** One other framework as the kernel's status says it (`framework_rows`): its label and its line. */
+export interface IFrameworkRow {
+  name: FrameworkName;
+  label: string;
+  line: string;
+}
+
+/** Where JAX or PyTorch is in its life; once started, what that fixes. */
+function frameworkState(trans: TranslationBundle, name: 'jax' | 'torch', state: FrameworkState): string {
+  if (state === 'not_imported') {
+    return trans.__('not imported');
+  }
+  if (name === 'jax') {
+    return state === 'started'
+      ? trans.__("backends started: its XLA_* settings are fixed until restart")
+      : trans.__('imported, backends not started');
+  }
+  return state === 'started'
+    ? trans.__('CUDA started: its allocator settings are fixed until restart')
+    : trans.__('imported, CUDA not started');
+}
+
+/** A fraction as Python's `f"{fraction:g}"` writes those of a card (six significant digits). */
+function fractionText(fraction: number): string {
+  return String(Number(fraction.toPrecision(6)));
+}
+
+/** PyTorch's memory fractions: `memory fraction 0.5 on GPU 0, 1` or each its own (a soft cap). */
+function torchFractions(trans: TranslationBundle, framework: IFramework): string | null {
+  const fractions = framework.fractions;
+  if (!fractions.length) {
+    return null;
+  }
+  const shares = new Set(fractions.map(entry => entry.fraction));
+  const phrase =
+    shares.size === 1
+      ? trans.__(
+          'memory fraction %1 on GPU %2',
+          fractionText(fractions[0].fraction),
+          fractions.map(entry => entry.device).join(', ')
+        )
+      : trans.__(
+          'memory fractions %1',
+          fractions.map(entry => trans.__('GPU %1: %2', entry.device, fractionText(entry.fraction))).join(', ')
+        );
+  return trans.__("%1 (a soft cap: its caching allocator stops there; CUDA's own context is extra)", phrase);
+}
+
+/** What JAX or PyTorch was told (`told: …`), or what its import will bring (`at its import: …`). */
+function frameworkTold(trans: TranslationBundle, name: 'jax' | 'torch', framework: IFramework, growth: boolean): string {
+  const variables = framework.variables.map(variable => `${variable.name}=${variable.value}`).join(', ');
+  const parts = variables ? [variables] : [];
+  if (name === 'torch') {
+    const fractions = torchFractions(trans, framework);
+    parts.push(...(fractions === null ? [] : [fractions]));
+    if (growth) {
+      parts.push(trans.__('growth: nothing to do (its caching allocator never preallocates)'));
+    }
+  }
+  const told = parts.join('; ');
+  if (!told) {
+    return name === 'jax' ? trans.__('told nothing (its default: 75% of each GPU at its first op)') : trans.__('told nothing');
+  }
+  return framework.state === 'not_imported' ? trans.__('at its import: %1', told) : trans.__('told: %1', told);
+}
+
+/** Keras's backend and where it comes from: `backend jax (KERAS_BACKEND)`. */
+function kerasLine(trans: TranslationBundle, keras: NonNullable<IFrameworks['keras']>): string {
+  const sources: Record<typeof keras.source, string> = {
+    keras: trans.__('as imported'),
+    default: trans.__('its default'),
+    KERAS_BACKEND: 'KERAS_BACKEND',
+    'keras.json': 'keras.json'
+  };
+  return trans.__('backend %1 (%2)', keras.backend, sources[keras.source]);
+}
+
+/** Each other framework present in the kernel, as the status says it (`_framework_line`): `0.10.2,
+ * backends started: …; told: XLA_PYTHON_CLIENT_PREALLOCATE=false`; none for a TensorFlow-only kernel.
+ * `growth`: the policy asks for memory growth (PyTorch has nothing to do for it). */
+export function frameworkRows(trans: TranslationBundle, frameworks: IFrameworks | null, growth: boolean): IFrameworkRow[] {
+  const rows: IFrameworkRow[] = [];
+  for (const name of ['jax', 'torch'] as const) {
+    const framework = frameworks?.[name] ?? null;
+    if (framework !== null) {
+      const life = [framework.version ?? '', frameworkState(trans, name, framework.state)].filter(part => part);
+      const line = `${life.join(', ')}; ${frameworkTold(trans, name, framework, growth)}`;
+      rows.push({ name, label: FRAMEWORK_LABELS[name], line });
+    }
+  }
+  if (frameworks?.keras) {
+    rows.push({ name: 'keras', label: FRAMEWORK_LABELS.keras, line: kerasLine(trans, frameworks.keras) });
+  }
+  return rows;
+}
+
+/** One device's own figures of a framework, as `%tfgpu memory` says them (`framework_lines`): `JAX
+ * gpu:0: in use 1.2 GiB, peak 2.0 GiB, pool limit 60.0 GiB`, with its card cut short where `withCard`
+ * (`JAX gpu:0 (GPU-b1c2d3e4…): …`). */
+export function frameworkMemoryLine(
+  trans: TranslationBundle,
+  name: 'jax' | 'torch',
+  row: IFrameworkMemory,
+  withCard: boolean
+): string {
+  const parts =
+    name === 'jax'
+      ? [
+          trans.__('in use %1', bytesText(row.current)),
+          ...(row.peak === null ? [] : [trans.__('peak %1', bytesText(row.peak))]),
+          ...(row.reserved === null ? [] : [trans.__('pool limit %1', bytesText(row.reserved))])
+        ]
+      : [
+          trans.__('allocated %1', bytesText(row.current)),
+          ...(row.reserved === null ? [] : [trans.__('reserved %1', bytesText(row.reserved))])
+        ];
+  const where = withCard && row.card ? ` (${shortUuid(row.card)})` : '';
+  return trans.__('%1 %2%3: %4', FRAMEWORK_LABELS[name], row.device, where, parts.join(', '));
+}
+
+/** Each device's own figures of JAX and PyTorch, with the framework they are of. */
+export function frameworkMemory(
+  frameworks: IFrameworks | null
+): { name: 'jax' | 'torch'; row: IFrameworkMemory }[] {
+  return (['jax', 'torch'] as const).flatMap(name => (frameworks?.[name]?.memory ?? []).map(row => ({ name, row })));
 }
 
 /** What an error code of a reply means, and its fix. */
@@ -374,8 +515,9 @@ export function statusLine(trans: TranslationBundle, reply: IKernelReply): strin
   return parts.join(' · ');
 }
 
-/** The kernel in full, for a tooltip: TensorFlow's state and who initialized it, the policy, what
- * waits, what its tensors hold (errors are `problems.ts`'s). */
+/** The kernel in full, for a tooltip: TensorFlow's state and who initialized it, the other frameworks,
+ * the policy, what waits, what its tensors hold and the other frameworks' own figures (errors are
+ * `problems.ts`'s). */
 export function statusDetails(trans: TranslationBundle, reply: IKernelReply): string[] {
   const lines: string[] = [];
   const tf = kernelTensorflow(reply);
@@ -383,6 +525,9 @@ export function statusDetails(trans: TranslationBundle, reply: IKernelReply): st
     const by = reply.tensorflow?.initialized_by;
     const state = tensorflowState(trans, tf);
     lines.push(trans.__('TensorFlow: %1', by ? `${state} ${initializedBy(trans, by)}` : state));
+  }
+  for (const row of frameworkRows(trans, reply.frameworks, reply.policy?.growth === true)) {
+    lines.push(`${row.label}: ${row.line}`);
   }
   if (reply.policy) {
     const phrases = policyPhrases(trans, reply.policy);
@@ -397,5 +542,6 @@ export function statusDetails(trans: TranslationBundle, reply: IKernelReply): st
     );
     lines.push(trans.__("TensorFlow's tensors: %1", held.join(', ')));
   }
+  lines.push(...frameworkMemory(reply.frameworks).map(({ name, row }) => frameworkMemoryLine(trans, name, row, true)));
   return lines;
 }

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import PolicyError
-from ..tf.plan import build_plan
+from ..plan import build_plan
 from ..language.policy import Policy
 from ..safefile import read_json, write_atomic
 from ..language.directives import describe_policy

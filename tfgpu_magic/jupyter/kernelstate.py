@@ -11,13 +11,16 @@ kernel's connection file (the Jupyter runtime dir: `safefile.write_atomic`, mode
 never through a link), removed when the kernel exits; the server reads it (`read_state`) whatever the
 kernel is doing, as hostile input checked against the schema: a bad file spoils only its own kernel.
 
-Nothing runs per cell. A write happens on a policy change (`Controller.subscribe`), at
-`import tensorflow` and when the runtime is initialized (`tf.events`), and only when the content
-differs from the last write. Once the runtime is initialized with GPUs, a daemon thread also reads
-TensorFlow's own memory figures every `MEMORY_SECONDS` (`get_memory_info`: what the kernel's tensors
-use, the one per-kernel figure a server in a container can show, where NVML's pids are the host's)
-and writes when they moved. Only kernels a Jupyter server started publish (connection file
-`kernel-<id>.json`): nobody else would read the file.
+A write happens on a policy change (`Controller.subscribe`), at `import tensorflow` and when the
+runtime is initialized (`tf.events`), and only when the content differs from the last write. JAX and
+PyTorch say nothing when they are imported or start (JAX runs its backend hooks holding its backend
+lock, before its backends count as started: jax/_src/xla_bridge.py `_init_backend`; PyTorch runs its
+queued calls before `torch.cuda.is_initialized()` is true), so after each cell the publisher looks
+whether that changed: a few attribute reads (`Publisher.after_cell`). Once the runtime is initialized
+with GPUs, a daemon thread also reads TensorFlow's own memory figures every `MEMORY_SECONDS`
+(`get_memory_info`: what the kernel's tensors use, the one per-kernel figure a server in a container
+can show, where NVML's pids are the host's) and writes when they moved. Only kernels a Jupyter server
+started publish (connection file `kernel-<id>.json`): nobody else would read the file.
 """
 
 from __future__ import annotations
@@ -36,14 +39,15 @@ from ..language.policy import AUTO_PICKED
 from ..language.sizes import MIB
 
 if TYPE_CHECKING:
+    from ..frameworks import FrameworkView
     from ..gpus.inventory import Inventory
     from ..language.grammar import GpuCatalog
     from ..language.policy import Policy
     from ..tf.apply import Pending
-    from ..tf.configapi import ConfigAPI
+    from ..tf.apply import ConfigAPI
     from ..tf.initcell import InitRecord
     from ..tf.memory import MemoryAPI
-    from ..tf.plan import Plan
+    from ..plan import Plan
     from ..tf.runtime import RuntimeState
 
 FORMAT = "tfgpu_magic/kernel-state/2"
@@ -68,6 +72,9 @@ class StateSource(Protocol):
     def plan(self, state: RuntimeState | None = None) -> Plan: ...
     def inventory(self) -> Inventory: ...
     def pending(self, state: RuntimeState | None = None) -> list[Pending]: ...
+    def other_frameworks(self) -> list[FrameworkView]: ...
+    def frameworks_moment(self) -> tuple[object, ...]: ...
+    def framework_memory(self) -> dict[str, list[tuple[str, str | None, int, int | None, int | None]]]: ...
     def subscribe(self, listener: Callable[[Any], None]) -> None: ...
     def unsubscribe(self, listener: Callable[[Any], None]) -> None: ...
 
@@ -200,7 +207,29 @@ def snapshot(source: StateSource, kernel_id: str, keep: bool, memory_api: Memory
         "pending": [pending_record(item) for item in pending],
         "restart_needed": any(item.needs_restart for item in pending),
         "keep": keep,
+        "frameworks": frameworks_record(source),
     }
+
+
+def frameworks_record(source: StateSource) -> dict[str, Any]:
+    """`$defs/frameworks`: JAX, PyTorch and Keras as the status shows them, with their own memory figures."""
+    views = {view.name: view for view in source.other_frameworks()}
+    memory = source.framework_memory() if any(view.started for view in views.values()) else {}
+
+    def framework(name: str) -> dict[str, Any] | None:
+        view = views.get(name)
+        if view is None:
+            return None
+        return {"state": "started" if view.started else "imported" if view.imported else "not_imported",
+                "version": view.version,
+                "variables": [{"name": var, "value": value} for var, value in view.variables],
+                "fractions": [{"device": device, "fraction": fraction} for device, fraction in view.fractions],
+                "memory": [{"device": device, "card": card, "current": current, "peak": peak, "reserved": reserved}
+                           for device, card, current, peak, reserved in memory.get(name, [])]}
+
+    keras = views.get("keras")
+    return {"jax": framework("jax"), "torch": framework("torch"),
+            "keras": None if keras is None else {"backend": keras.backend, "source": keras.backend_source}}
 
 
 # ----- reading (the server) --------------------------------------------------------------------------
@@ -278,6 +307,9 @@ class Publisher:
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self.watching: threading.Thread | None = None
+        self._moment: tuple | None = None
+        self.shell_events: Any = None
+        """The shell's `events`, where `after_cell` is registered (None outside IPython)."""
 
     def changed(self, *_: Any) -> bool:
         """Write the state if it differs from the last write; True when it wrote. A controller
@@ -288,10 +320,30 @@ class Publisher:
                 return False
             record = snapshot(self.source, self.kernel_id, self.keep, self.memory_api)
             wrote = record != self.last and self._write(record)
-        if record["tensorflow"]["memory"] and self.watching is None and not self._stopped.is_set():
+        moving = record["tensorflow"]["memory"] or any(framework and framework.get("memory")
+                                                       for framework in record["frameworks"].values())
+        if moving and self.watching is None and not self._stopped.is_set():
             self.watching = threading.Thread(target=self._watch_memory, name="tfgpu_magic-memory", daemon=True)
             self.watching.start()
         return wrote
+
+    def after_cell(self, *_: Any) -> bool:
+        """After each cell (IPython's `post_run_cell`): publish if JAX, Keras or PyTorch was imported or
+        started in it (they tell nobody); True when it wrote."""
+        try:
+            moment = self.source.frameworks_moment()  # TensorFlow's moments come by `tf.events`
+            if moment == self._moment:
+                return False
+            self._moment = moment
+            return self.changed()
+        except Exception as err:  # a state that cannot be read stops the look, never the cell
+            self._stop_looking()
+            warn(f"stopped publishing this kernel's state after each cell: {err}")
+            return False
+
+    def _stop_looking(self) -> None:
+        if self.shell_events is not None and self.after_cell in self.shell_events.callbacks["post_run_cell"]:
+            self.shell_events.unregister("post_run_cell", self.after_cell)
 
     def _watch_memory(self) -> None:
         while not self._stopped.wait(MEMORY_SECONDS):
@@ -320,6 +372,7 @@ class Publisher:
         after a restart) has written it since."""
         self._stopped.set()
         self.source.unsubscribe(self.changed)
+        self._stop_looking()
         from .. import safefile
 
         with self._lock:  # no write of the memory watch after this
@@ -371,6 +424,9 @@ def start_publishing(shell: Any, source: StateSource, directory: Path | None = N
     publisher = Publisher(source, kernel_id, path, can_keep(shell), memory_api)
     source.subscribe(publisher.changed)
     events.subscribe(changed)  # TensorFlow imported or initialized (`tf.initcell` records only after this)
+    if hasattr(shell, "events"):
+        shell.events.register("post_run_cell", publisher.after_cell)
+        publisher.shell_events = shell.events
     atexit.register(publisher.stop)
     _publisher = publisher
     publisher.changed()

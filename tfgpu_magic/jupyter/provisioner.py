@@ -35,8 +35,8 @@ from ..gpus import reservations
 from ..language.grammar import parse_count
 from ..language.policy import Policy
 from ..gpus.cudaenv import grant_of
-from ..tf.envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES
-from ..tf.plan import build_plan
+from ..envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES
+from ..plan import build_plan
 from . import persist
 from .startup import LAUNCH_WARNING_ENV as WARNING_ENV
 from .startup import POLICY_ENV

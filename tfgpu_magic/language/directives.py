@@ -1,7 +1,7 @@
 """Every `%tfgpu` directive, declared once: its usage and help, arguments, options, kind, completions
 and, for an edit, the status phrases of its part of a policy.
 
-Parsing (`grammar`), dispatch (`views.commands`), `%tfgpu?` (`views.magics`), Tab completion
+Parsing (`grammar`), dispatch and `%tfgpu?` (`views.magics`), Tab completion
 (`views.completion`), the status and the README's grammar block all read this table, and each entry
 carries what its directive does (`parse`, `run`). A new edit that sets one policy field from a
 closed set of words is one entry here (plus the field); another edit is its entry plus its parser

@@ -1,11 +1,11 @@
 """The scripts the selftest's rules run, each in a fresh `python -c SCRIPT ARGUMENT`, kept as text.
 
-Text, because they import TensorFlow and only the child that runs one may: the selftest's own
-process stays free of it (TensorFlow locks its device settings once initialized), and
-tests/test_architecture.py keeps every `import tensorflow` of the package's modules in
+Text, because they import TensorFlow, JAX or PyTorch and only the child that runs one may: the
+selftest's own process (a kernel's child) stays free of them (each fixes its device settings once
+started), and tests/test_architecture.py keeps every `import tensorflow` of the package's modules in
 tfgpu_magic/tf/. Each script gets `POLICY` (directives) and `ARGS` (the rule's values) from its one
 argument, applies the policy through the public API (`tfgpu_magic.configure` before the import, or
-`%tfgpu` in a real IPython shell), does what the rule needs with the real TensorFlow, and ends with
+`%tfgpu` in a real IPython shell), does what the rule needs with the real framework, and ends with
 `report(...)`: one line framed with the run's nonce on stdout (`frames`: nothing else printed there
 counts). Its stderr is the parent's to read. When its stdin reaches EOF, the selftest that started
 it is gone, and it kills its own process group (`children`).
@@ -45,9 +45,13 @@ def report(**figures):
     _frames.write(_nonce, figures)
 """
 
-CONFIGURE = """\
+POLICY_FIRST = """\
 import tfgpu_magic
 tfgpu_magic.configure(*POLICY)
+"""
+"""The policy through the public API, before any framework is imported."""
+
+CONFIGURE = POLICY_FIRST + """\
 tf = __import__("tensorflow")  # run by the child only; no line of the package itself imports TensorFlow
 """
 
@@ -214,6 +218,93 @@ rows = tfgpu_magic.memory()
 report(tensors_bytes=rows[0]["tensors_bytes"] if rows else None, cards=cards(read_inventory()))
 """
 """TensorFlow's count of its tensors (`tfgpu_magic.memory()`, from `get_memory_info`) against NVML."""
+
+
+# ----- JAX and PyTorch: no TensorFlow in these ---------------------------------------------------------
+JAX = POLICY_FIRST + """\
+jax = __import__("jax")  # the policy's hook sets JAX's variables as this import finishes
+bridge = __import__("jax._src.xla_bridge", fromlist=["xla_bridge"])
+client = __import__("jaxlib.xla_client", fromlist=["xla_client"])
+started_at_import = bridge.backends_are_initialized()
+reader = getattr(client, "generate_pjrt_gpu_plugin_options", None)
+given = []
+if reader is not None:
+    def _given():  # what JAX's CUDA plugin calls as the backends start (jax_plugins/cuda/__init__.py: initialize)
+        options = reader()
+        given.append(dict(options))
+        return options
+    client.generate_pjrt_gpu_plugin_options = _given
+at_start = {}
+
+def _at_start(backend):
+    if at_start:
+        return
+    at_start["env"] = {name: os.environ.get(name) for name in ARGS["variables"]}
+    try:
+        at_start["options"] = None if reader is None else dict(reader())
+    except ValueError as err:  # jaxlib refuses both names of the memory fraction
+        at_start["error"] = str(err)
+
+register = getattr(bridge, "register_backend_initialization_hook", None)
+if register is not None:
+    register(_at_start)
+platforms = sorted({device.platform for device in jax.devices()})  # the backends start here
+_at_start(None)  # a JAX without the hook: read as they just started
+try:
+    gpus = jax.devices("gpu")
+except RuntimeError:  # "Unknown backend: 'gpu' requested": no GPU backend here
+    gpus = []
+cards = []
+for device in gpus:
+    jax.device_put(0.0, device).block_until_ready()
+    stats = device.memory_stats() or {}
+    cards.append({"device": str(device), "bytes_limit": stats.get("bytes_limit"),
+                  "bytes_in_use": stats.get("bytes_in_use")})
+report(version=jax.__version__, started_at_import=started_at_import, env=at_start["env"],
+       options=at_start.get("options"), error=at_start.get("error"), given=given[0] if given else None,
+       platforms=platforms, gpus=cards)
+"""
+"""`import jax` after the policy, then its backends start: what jaxlib's reader of the `XLA_*` variables
+(`generate_pjrt_gpu_plugin_options`) makes of the environment at that moment, and what JAX's CUDA
+plugin was given where there is one; on a GPU, each device's allocator limit after a first op."""
+
+TORCH = '''\
+at_load = {}
+
+class _AtLoad:
+    """Notes the environment as torch's C library loads (`import torch` imports torch._C): a CUDA build
+    picks its allocator backend then (c10/cuda/CUDACachingAllocator.cpp: BackendStaticInitializer)."""
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "torch._C" and not at_load:
+            at_load.update({name: os.environ.get(name) for name in ARGS["variables"]})
+        return None
+
+''' + POLICY_FIRST + """\
+sys.meta_path.insert(0, _AtLoad())
+torch = __import__("torch")  # the policy's hook sets the allocator configuration as this import begins
+reader = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+settings = None if reader is None else reader()
+from tfgpu_magic import get_controller
+fractions = get_controller().fractions
+queued = sum(getattr(call, "__self__", None) is fractions for call, _ in torch.cuda._queued_calls)
+cuda_started = torch.cuda.is_initialized()
+gpu = None
+if torch.cuda.is_available():
+    try:
+        torch.zeros(1, device="cuda")  # a first CUDA call: torch runs its queued calls as CUDA starts
+        count = torch.cuda.device_count()
+        gpu = {"devices": count, "backend": torch.cuda.get_allocator_backend(),
+               "fractions": {str(d): torch.cuda.get_per_process_memory_fraction(d) for d in range(count)}}
+    except Exception as err:
+        gpu = {"error": f"{type(err).__name__}: {err}"}
+report(version=torch.__version__, cuda_build=torch.version.cuda, at_load=at_load or None, settings=settings,
+       queued=queued, fractions={str(d): share for d, share in fractions.wanted().items()},
+       cuda_started=cuda_started, gpu=gpu)
+"""
+"""`import torch` after the policy: the allocator configuration in the environment as torch's C library
+loads, what torch's own reader parses (`_accelerator_getAllocatorSettings`, first called here), the
+policy's call in torch's queue for CUDA's start and the per-device fractions it gives then; on a GPU,
+after a first CUDA call, the fraction and the backend torch reports."""
 
 
 def script(body: str) -> str:

@@ -1,8 +1,9 @@
 """The selftest's rules: for each, the policy it applies, the child script that measures it
 (`probes`), when it cannot run here and why, and the judge that turns the figures into a verdict.
 
-Pure: the judges read the figures a child reported (and its stderr), never TensorFlow or NVML
-themselves, so tests can judge figures that tests/fake_tf.py and tests/fake_nvml.py produce.
+Pure: the judges read the figures a child reported (and its stderr), never TensorFlow, JAX, PyTorch
+or NVML themselves, so tests can judge figures that tests/fake_tf.py, tests/fake_torch.py and
+tests/fake_nvml.py produce.
 """
 
 from __future__ import annotations
@@ -15,15 +16,17 @@ from ..gpus.cudaenv import parse_cuda_visible
 from ..doctor import FAIL as DOCTOR_FAIL
 from ..doctor import INFO, OK, WARN
 from ..gpus.inventory import Gpu, Inventory, freest_first
-from ..tf.envvars import CUDA_VISIBLE_DEVICES
+from ..envvars import (CUDA_VISIBLE_DEVICES, PYTORCH_ALLOC_CONF, PYTORCH_CUDA_ALLOC_CONF, TABLE,
+                       XLA_CLIENT_MEM_FRACTION, XLA_PYTHON_CLIENT_MEM_FRACTION, XLA_PYTHON_CLIENT_PREALLOCATE)
 from ..tf.importhook import severity
-from ..language.sizes import mib_text
+from ..language.sizes import bytes_text, mib_text
 from . import probes
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
-TENSORFLOW, NVML, GPU = "tensorflow", "nvml", "gpu"
-"""Lanes: TensorFlow on the CPU and NVML-only rules run side by side; GPU rules one at a time after
-them, so that no other probe's memory skews what NVML shows."""
+TENSORFLOW, NVML, FRAMEWORKS, GPU = "tensorflow", "nvml", "frameworks", "gpu"
+"""Lanes: TensorFlow on the CPU, the NVML-only rules and JAX's and PyTorch's (which need no TensorFlow)
+run side by side; GPU rules one at a time after them, so that no other probe's memory skews what
+NVML shows."""
 
 MIB = 1024 * 1024
 CPU_SPLIT = 3
@@ -39,6 +42,19 @@ ASYNC_LINE = "Using CUDA malloc Async allocator for GPU"
 """What TensorFlow logs at INFO when it builds the cuda_malloc_async allocator
 (tensorflow/core/common_runtime/gpu/gpu_process_state.cc)."""
 BELOW_ERROR = ("debug", "info", "warning")
+HALF_SHARE = 0.5
+HALF = f"limit {HALF_SHARE:.0%}"
+"""The limit JAX's and PyTorch's rules set where NVML knows the card: it reaches them as `HALF_SHARE`."""
+FRACTION_SLACK = 1e-6
+"""How far PyTorch's fraction read back may be from the one given: its cudaMallocAsync backend answers
+its limit, rounded down to bytes, over the card's total (CUDAMallocAsyncAllocator.cpp, getMemoryFraction)."""
+EVERY_FRAMEWORK = {"tensorflow", "jax", "torch"}
+"""Who reads CUDA's own variables (`envvars.EnvVar.frameworks`): not a setting told to one framework."""
+NO_USABLE_GPU = "no GPU outside MIG mode among those CUDA_VISIBLE_DEVICES allows"
+TORCH_ASYNC = "cudaMallocAsync"
+"""PyTorch's name for CUDA's stream-ordered allocator: `backend:cudaMallocAsync` in its configuration picks
+it, `torch.cuda.get_allocator_backend()` then says it (torch/cuda/memory.py). Written here from PyTorch,
+not taken from the plan: the rule checks the plan against PyTorch."""
 
 
 class Probe(NamedTuple):
@@ -61,6 +77,10 @@ class Machine:
     """Why this Python cannot import TensorFlow; None when it can."""
     baseline: Probe | None = None
     """The run without a policy, once it ran."""
+    jax: str | None = None
+    """Why this Python cannot import JAX; None when it can."""
+    torch: str | None = None
+    """Why this Python cannot import PyTorch; None when it can."""
 
 
 class Prepared(NamedTuple):
@@ -125,6 +145,29 @@ def always(machine: Machine) -> Prepared:
     return Prepared()
 
 
+def with_half_a_card(framework: str, missing: Callable[[Machine], str | None],
+                     *policy: str) -> Callable[[Machine], Prepared | str]:
+    """A JAX or PyTorch rule: skipped where this Python cannot import the framework (`missing` says why);
+    else `policy`, and where NVML lists a usable card, that card alone with `limit 50%` (a limit reaches
+    them as a share of the card's total, which only NVML gives: without it the policy takes no limit).
+    The child notes the variables the policy tells `framework` (`envvars.TABLE`)."""
+
+    def prepare(machine: Machine) -> Prepared | str:
+        why = missing(machine)
+        if why:
+            return why
+        told = [var.name for var in TABLE if framework in var.frameworks and set(var.frameworks) != EVERY_FRAMEWORK]
+        gpus = usable_gpus(machine.inventory, machine.environ) if machine.inventory.available else []
+        card = next((gpu for gpu in gpus if gpu.memory_total_mib), None)
+        if card is None:
+            no_limit = machine.inventory.error or f"NVML lists {NO_USABLE_GPU}"
+            return Prepared(policy, {"variables": told, "fraction": None, "no_limit": no_limit})
+        return Prepared((f"visible {card.ref}", *policy, HALF),
+                        {"variables": told, "fraction": HALF_SHARE, "total_mib": card.memory_total_mib})
+
+    return prepare
+
+
 def usable_gpus(inventory: Inventory, environ: Mapping[str, str]) -> list[Gpu]:
     """GPUs a probe may use, freest first: not in MIG mode (CUDA sees only its instances there), and
     among those an inherited `CUDA_VISIBLE_DEVICES` allows (an admin's or a provisioner's pin)."""
@@ -162,7 +205,7 @@ def no_gpu_here(machine: Machine, nvml: bool) -> str | None:
     if nvml and not machine.inventory.available:
         return f"needs NVML to see this process on the cards: {machine.inventory.error}"
     if nvml and not usable_gpus(machine.inventory, machine.environ):
-        return "no GPU outside MIG mode among those CUDA_VISIBLE_DEVICES allows"
+        return NO_USABLE_GPU
     return None
 
 
@@ -318,6 +361,104 @@ def judge_doctor(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
                    "`%tfgpu doctor` explains its FAIL and warn lines" if counts[DOCTOR_FAIL] or counts[WARN] else "")
 
 
+# ----- judges: JAX and PyTorch --------------------------------------------------------------------------------
+def judge_jax(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
+    """What JAX's GPU backend is given as its backends start (jaxlib's reader of the `XLA_*` variables,
+    or what JAX's CUDA plugin really got); on a GPU, each device's allocator limit within the share."""
+    f = probe.figures or {}
+    fraction = prepared.args["fraction"]
+    expected = "as JAX's backends start: preallocate false" + (f", memory_fraction {fraction:g}" if fraction else "")
+    if fraction:
+        expected += f"; on a GPU, an allocator limit of at most {mib_text(fraction * prepared.args['total_mib'])}"
+    if f["started_at_import"]:
+        return Outcome(FAIL, "JAX's backends had started by the end of `import jax`, before the policy's variables",
+                       expected, "backends started at import")
+    if f["error"]:
+        return Outcome(FAIL, "jaxlib refused its variables as the backends started", expected, f["error"])
+    options = f["given"] or f["options"]
+    if options is None:
+        return Outcome(SKIP, "this jaxlib has no generate_pjrt_gpu_plugin_options, the reader this rule asks", expected,
+                       f"JAX {f['version']}")
+    preallocate, share = options.get("preallocate"), options.get("memory_fraction")
+    said = {False: "false", True: "true", None: "unset (JAX's default: true)"}[preallocate]
+    source = "given to JAX's CUDA plugin" if f["given"] else "jaxlib read at backend start"
+    measured = (f"{source}: preallocate {said}, "
+                f"memory_fraction {'unset' if share is None else f'{share:g}'}, allocator {options.get('allocator')}")
+    started_right = preallocate is False and (not fraction or share == fraction)
+    held = True
+    notes = []
+    if f["gpus"] and fraction:
+        limits = [card["bytes_limit"] for card in f["gpus"]]
+        cap = (fraction * prepared.args["total_mib"] + 1) * MIB  # + 1 MiB: NVML gives the total in whole MiB
+        held = all(limit is not None and limit <= cap for limit in limits)
+        measured += "; allocator limit on the card: " + ", ".join(map(bytes_text, limits))
+    elif not f["gpus"]:
+        platforms = ", ".join(f["platforms"])
+        notes.append(f"JAX lists no GPU here (its platforms: {platforms}): this reads what its GPU backend would "
+                     "be given; no card's limit was measured")
+    if not fraction:
+        notes.append(f"no limit was tried (a share of a card's total needs NVML: {prepared.args['no_limit']})")
+    fractions = (XLA_CLIENT_MEM_FRACTION, XLA_PYTHON_CLIENT_MEM_FRACTION) if fraction else ()
+    notes.append(_inherited(f["env"], (XLA_PYTHON_CLIENT_PREALLOCATE, *fractions), machine))
+    why_fail = ("JAX's backends started without the policy's settings" if not started_right
+                else "JAX's allocator may take more than the policy's share of the card")
+    return verdict(started_right and held, expected, measured, why_fail, "; ".join(note for note in notes if note))
+
+
+def judge_torch(probe: Probe, prepared: Prepared, machine: Machine) -> Outcome:
+    """The allocator configuration as torch's C library loads and as torch's reader parses it; the
+    policy's one call queued for CUDA's start with a per-device fraction; on a GPU, after a first CUDA
+    call, the backend and the fraction torch reports."""
+    f = probe.figures or {}
+    fraction = prepared.args["fraction"]
+    names = (PYTORCH_CUDA_ALLOC_CONF, PYTORCH_ALLOC_CONF)
+    expected = (f"backend:{TORCH_ASYNC} in {' and '.join(names)} as torch's C library loads and in what torch's reader "
+                "parses; CUDA not started by the import")
+    if fraction:
+        expected += f"; one call queued for CUDA's start, giving device 0 the fraction {fraction:g}"
+    loaded, settings, gpu = f["at_load"], f["settings"], f["gpu"]
+    measured = ("as torch._C loaded: " + ", ".join(f"{name}={loaded.get(name)!r}" for name in names)
+                if loaded is not None else "torch._C was not seen loading")
+    measured += (f"; torch's reader: {settings!r}" if settings is not None
+                 else "; this torch has no _accelerator_getAllocatorSettings")
+    measured += f"; CUDA {'started' if f['cuda_started'] else 'not started'} by the import"
+    ok = (loaded is not None and all(_names_async(loaded.get(name)) for name in names)
+          and (settings is None or _names_async(settings)) and not f["cuda_started"])
+    notes = []
+    if fraction:
+        given = ", ".join(f"device {device} {share:g}" for device, share in f["fractions"].items()) or "nothing"
+        measured += f"; {f['queued']} call(s) queued for CUDA's start, giving {given}"
+        ok = ok and f["queued"] == 1 and f["fractions"] == {"0": fraction}
+    else:
+        notes.append(f"no limit was tried (a share of a card's total needs NVML: {prepared.args['no_limit']})")
+    if gpu is None:
+        build = " (a CPU-only build)" if f["cuda_build"] is None else ""
+        notes.append(f"PyTorch sees no GPU here{build}: its fraction after CUDA's start was not read")
+    elif "error" in gpu:
+        measured += f"; its first CUDA call failed: {gpu['error']}"
+        ok = False
+    else:
+        read = ", ".join(f"device {device} {share:g}" for device, share in gpu["fractions"].items())
+        measured += f"; after a first CUDA call: backend {gpu['backend']}, fraction {read}"
+        ok = ok and gpu["backend"] == TORCH_ASYNC and (
+            not fraction or abs(gpu["fractions"].get("0", 1.0) - fraction) <= FRACTION_SLACK)
+    notes.append(_inherited(loaded or {}, names, machine))
+    return verdict(ok, expected, measured, "PyTorch did not get the policy's allocator or fraction",
+                   "; ".join(note for note in notes if note))
+
+
+def _names_async(conf: str | None) -> bool:
+    """Whether an allocator configuration (`key:value,...`) picks the cudaMallocAsync backend."""
+    return f"backend:{TORCH_ASYNC}" in (item.strip() for item in (conf or "").split(","))
+
+
+def _inherited(seen: Mapping[str, str | None], names: tuple[str, ...], machine: Machine) -> str:
+    """Where the selftest's own environment already held what a child saw: then the rule shows only
+    that the policy keeps it."""
+    same = [name for name in names if seen.get(name) is not None and machine.environ.get(name) == seen[name]]
+    return f"{', '.join(same)} as inherited: this shows only that the policy keeps it" if same else ""
+
+
 # ----- judges: GPUs --------------------------------------------------------------------------------------------
 NOT_LISTED = ("NVML does not list this process on the card (in a container NVML may show the host's process "
               "ids): its memory there cannot be read")
@@ -437,6 +578,12 @@ RULES: tuple[Rule, ...] = (
     Rule("who", "`who` shows each process on a GPU with the memory NVML gives", NVML, probes.WHO,
          needs_gpus_in_nvml(), judge_who),
     Rule("doctor", "`%tfgpu doctor` runs every check", NVML, probes.DOCTOR, always, judge_doctor),
+    Rule("jax-settings", "JAX's backends start with the policy's settings (on a GPU: its allocator stays within "
+         "the share)", FRAMEWORKS, probes.JAX, with_half_a_card("jax", lambda machine: machine.jax, "growth on"),
+         judge_jax),
+    Rule("torch-settings", "PyTorch loads with the policy's allocator, its limit a per-device fraction (on a GPU: "
+         "the fraction holds)", FRAMEWORKS, probes.TORCH,
+         with_half_a_card("torch", lambda machine: machine.torch, "allocator async"), judge_torch),
     Rule("visible-gpus", "`visible` shows TensorFlow exactly the chosen cards (UUIDs from NVML)", GPU,
          probes.VISIBLE_GPUS, lambda machine: _two_cards(machine), judge_visible_gpus),
     Rule("growth-on", "with `growth on` the process holds far less than the card after a small op", GPU,

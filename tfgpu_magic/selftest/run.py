@@ -1,16 +1,17 @@
 """Run the selftest: each rule in a fresh process of this Python, in this environment, under one
 overall deadline, each row handed on (`on_row`) as soon as it is decided.
 
-The order: the run without a policy (`baseline`) first, side by side with the NVML-only rules; the
-other TensorFlow rules once it is done, and only if it gave a result (else each is skipped with its
-reason, without waiting on a TensorFlow that hangs or fails); then the GPU rules one at a time (each
-holds a card, and the memory NVML shows must be its own). `children` runs the processes: their own
-process groups, stopped on timeout, interrupt, deadline and exit. `frames` reads their results.
+The order: the run without a policy (`baseline`) first, side by side with the NVML-only rules and
+JAX's and PyTorch's (each found here without importing it); the other TensorFlow rules once it is
+done, and only if it gave a result (else each is skipped with its reason, without waiting on a
+TensorFlow that hangs or fails); then the GPU rules one at a time (each holds a card, and the memory
+NVML shows must be its own). `children` runs the processes: their own process groups, stopped on
+timeout, interrupt, deadline and exit. `frames` reads their results.
 
 Children get a temporary IPYTHONDIR (the IPython probe writes its history there, never into the
 user's profile), and the TensorFlow rules on the CPU get `TF_FORCE_GPU_ALLOW_GROWTH=true` unless the
 environment sets it: on a GPU machine they then take only what their op needs instead of each
-grabbing the cards side by side. Nothing here imports TensorFlow.
+grabbing the cards side by side. Nothing here imports TensorFlow, JAX or PyTorch.
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ from pathlib import Path
 from typing import Callable, Collection, Mapping
 
 from ..gpus.inventory import read_inventory
-from ..tf.envvars import TF_FORCE_GPU_ALLOW_GROWTH
+from ..envvars import TF_FORCE_GPU_ALLOW_GROWTH
 from . import probes
 from .children import GRACE, STOPPED, TIMED_OUT, Children, Finished
 from .frames import Reader, new_nonce
 from .report import Row, row_from
-from .rules import BASELINE, FAIL, GPU, NAMES, NVML, RULES, SKIP, TENSORFLOW, Machine, Prepared, Probe, Rule
+from .rules import (BASELINE, FAIL, FRAMEWORKS, GPU, NAMES, NVML, RULES, SKIP, TENSORFLOW, Machine, Prepared, Probe,
+                    Rule)
 
 ROOT = str(Path(__file__).resolve().parents[2])
 """The folder holding this tfgpu_magic: children import the same one."""
@@ -56,19 +58,21 @@ def default_workers() -> int:
     return min(8, max(2, os.cpu_count() or 2))
 
 
-def tensorflow_missing(python: str = sys.executable) -> str | None:
-    """Why this Python cannot import TensorFlow (found without importing it); None when it can."""
+def missing(package: str, name: str, python: str = sys.executable) -> str | None:
+    """Why this Python cannot import `package` (found without importing it; `name` as people write
+    it); None when it can."""
     try:
-        found = importlib.util.find_spec("tensorflow") is not None
+        found = importlib.util.find_spec(package) is not None
     except (ImportError, ValueError) as err:
-        return f"{python} cannot import TensorFlow: {err}"
-    return None if found else f"TensorFlow is not installed for {python}"
+        return f"{python} cannot import {name}: {err}"
+    return None if found else f"{name} is not installed for {python}"
 
 
 def look(environ: Mapping[str, str]) -> Machine:
     """This machine before any child runs: NVML's inventory (through its one chokepoint) and
-    whether TensorFlow can be imported."""
-    return Machine(dict(environ), read_inventory(), tensorflow_missing())
+    whether TensorFlow, JAX and PyTorch can be imported."""
+    return Machine(dict(environ), read_inventory(), missing("tensorflow", "TensorFlow"), jax=missing("jax", "JAX"),
+                   torch=missing("torch", "PyTorch"))
 
 
 def child_environ(environ: Mapping[str, str], ipython_dir: str, lane: str) -> dict[str, str]:
@@ -106,7 +110,8 @@ def selected(only: Collection[str] | None) -> list[Rule]:
     TensorFlow rule needs it; every rule for None."""
     if only is None:
         return list(RULES)
-    wanted = set(only) | ({BASELINE.name} if any(rule.lane != NVML for rule in RULES if rule.name in only) else set())
+    needs_baseline = any(rule.lane in (TENSORFLOW, GPU) for rule in RULES if rule.name in only)
+    wanted = set(only) | ({BASELINE.name} if needs_baseline else set())
     return [rule for rule in RULES if rule.name in wanted]
 
 
@@ -142,12 +147,12 @@ class _Run:
         self.results: queue.Queue[tuple[str, Probe | BaseException]] = queue.Queue()
 
     def all(self, rules: list[Rule]) -> None:
-        """Run `rules`: the baseline with the NVML rules first; the other TensorFlow rules once the
-        baseline is decided (`selected` puts it in whenever they are there); the GPU rules one at a
-        time once everything else is done; until the deadline."""
+        """Run `rules`: the baseline with the NVML, JAX and PyTorch rules first; the other TensorFlow
+        rules once the baseline is decided (`selected` puts it in whenever they are there); the GPU
+        rules one at a time once everything else is done; until the deadline."""
         later = [rule for rule in rules if rule.lane == TENSORFLOW and rule is not BASELINE]
         last = [rule for rule in rules if rule.lane == GPU]
-        self.prepare([rule for rule in rules if rule is BASELINE or rule.lane == NVML])
+        self.prepare([rule for rule in rules if rule is BASELINE or rule.lane in (NVML, FRAMEWORKS)])
         while True:
             if later and BASELINE.name in self.rows:  # its figures, or why the others are skipped
                 self.prepare(later)

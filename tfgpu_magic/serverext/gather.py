@@ -29,7 +29,7 @@ from ..gpus.inventory import MIB, NO_BINDING, NO_DRIVER, Gpu, Inventory
 from ..jupyter import kernelstate
 from ..jupyter.sessions import KernelSession, server_sessions
 from ..language.policy import is_index
-from ..tf.envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES
+from ..envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES
 
 GPUS_FORMAT = "tfgpu_magic/gpus/2"
 KERNEL_FORMAT = "tfgpu_magic/kernel/2"
@@ -270,6 +270,7 @@ def kernel_reply(kernel: KernelProcess, machine: Machine, session: KernelSession
         "pending": state["pending"] if state else [],
         "restart_needed": state["restart_needed"] if state else False,
         "keep": state["keep"] if state else False,
+        "frameworks": state["frameworks"] if state else None,
         "gpus_from": gpus_from,
         "gpus": [{"index": index, "name": cards[index].name, "memory_total": _bytes(cards[index].memory_total_mib),
                   "kernel_memory": held.get(index, 0) if known else None, "memory_source": source if known else None}

@@ -1,29 +1,195 @@
-"""Diffing a plan against what TensorFlow recorded and applying it through the `ConfigAPI` seam; the
-TF1 `ConfigProto` of a plan; TensorFlow's Python loggers. The plan keeps the policy's limits and
-splits as the policy holds them: TensorFlow's arguments (`memory_limits`) are derived here, at the
-call. What comes back is records (`Change`, `Refusal`, `Recorded`); `views.status` words them.
+"""TensorFlow's side of a plan: the seam (the handful of `tf.config` calls we make, as `ConfigAPI`, and
+`TensorFlowConfig` over the real TensorFlow, imported on first use; tests without a GPU substitute a fake
+of it that enforces TensorFlow's real rules, tests/fake_tf.py, checked against real TensorFlow on CPU),
+diffing a plan against what TensorFlow recorded and applying it through the seam, the TF1 `ConfigProto`
+of a plan, TensorFlow's Python loggers. The plan holds TensorFlow's arguments already (`Plan.tf_limits`,
+derived once). What comes back is records (`Change`, `Refusal`, `Recorded`); `views.status` words them.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, NamedTuple
+import logging
+import os
+import sys
+from typing import Any, Callable, Literal, NamedTuple, Protocol, Sequence
 
-from ..errors import short_error
-from ..language.words import ALL_GPUS
-from .configapi import ConfigAPI, TensorFlowConfig
-from .envvars import TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR
-from .plan import Plan
-from .runtime import ASYNC_ALLOCATOR, LOCKED_MARKER, NO_GPU_NOTE, Logical, RuntimeState
+from ..envvars import TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR
+from ..errors import PolicyError, short_error
+from ..plan import Plan
+from .runtime import (ASYNC_ALLOCATOR, LOCKED_MARKER, NO_GPU_NOTE, NO_TENSORFLOW, Logical, RuntimeState,
+                      logical_entries, record_devices_created, runtime_state)
+
+class ConfigAPI(Protocol):
+    """The seam: the `tf.config` calls the runtime needs, with TensorFlow's rules."""
+
+    def state(self) -> RuntimeState: ...
+    def devices(self, kind: str) -> list[Any]: ...
+    def name(self, device: Any) -> str: ...
+    def get_growth(self, device: Any) -> bool | None: ...
+    def set_growth(self, device: Any, enable: bool) -> None: ...
+    def get_logical(self, device: Any) -> Logical | None: ...
+    def set_logical(self, device: Any, limits: Sequence[int | None]) -> None: ...
+    def get_visible(self, kind: str) -> list[Any]: ...
+    def set_visible(self, devices: list[Any], kind: str) -> None: ...
+    def details(self, device: Any) -> dict[str, Any]: ...
+    def getenv(self, name: str) -> str | None:
+        """The variable as TensorFlow's C++ side reads it (the process environment)."""
+    def errors(self) -> tuple[type[BaseException], ...]:
+        """TensorFlow's C++-side error types (`tf.errors.OpError`)."""
+    def new_session_config(self) -> Any:
+        """An empty `ConfigProto`."""
+    def device_routes(self) -> list[Route]:
+        """The module attributes that create devices outside the eager context."""
+    def record_devices_created(self, route: str) -> None:
+        """Remember (once, process-wide) that `route` created GPU devices; `state()` reports it."""
+    def set_loglevel(self, level: str | None) -> list[str]:
+        """Set TensorFlow's Python loggers to `level` (None: back to how they were); what changed."""
+
+
+class Route(NamedTuple):
+    """A TensorFlow callable that creates devices (and so the process's GPU allocators) itself.
+
+    `position`/`keyword`: where its config argument is; `fill_default`: a missing config gets the
+    policy's (device_lib); else None stays None (a Session then uses the eager context's config,
+    which carries the policy). `gpus_created(result, args)` says whether GPU devices came of it."""
+
+    owner: Any
+    attribute: str
+    label: str
+    position: int
+    keyword: str
+    fill_default: bool
+    gpus_created: Callable[[Any, tuple], bool]
+
+
+class TensorFlowConfig:
+    """`ConfigAPI` over the real `tf.config`. Imports TensorFlow on first use, not before."""
+
+    @property
+    def tf(self) -> Any:
+        """The `tensorflow` module; a missing TensorFlow is one `PolicyError` line saying how to install it."""
+        try:
+            import tensorflow
+        except ModuleNotFoundError as err:
+            if err.name != "tensorflow":
+                raise
+            raise PolicyError(NO_TENSORFLOW.format(python=sys.executable)) from None
+        return tensorflow
+
+    def state(self) -> RuntimeState:
+        return runtime_state()
+
+    def devices(self, kind: str) -> list[Any]:
+        return self.tf.config.list_physical_devices(kind)
+
+    def name(self, device: Any) -> str:
+        return device.name.replace("/physical_device:", "")
+
+    def get_growth(self, device: Any) -> bool | None:
+        return self.tf.config.experimental.get_memory_growth(device)
+
+    def set_growth(self, device: Any, enable: bool) -> None:
+        self.tf.config.experimental.set_memory_growth(device, enable)
+
+    def get_logical(self, device: Any) -> Logical | None:
+        return logical_entries(self.tf.config.get_logical_device_configuration(device))
+
+    def set_logical(self, device: Any, limits: Sequence[int | None]) -> None:
+        make = self.tf.config.LogicalDeviceConfiguration
+        self.tf.config.set_logical_device_configuration(device, [make(memory_limit=mib) for mib in limits])
+
+    def get_visible(self, kind: str) -> list[Any]:
+        return self.tf.config.get_visible_devices(kind)
+
+    def set_visible(self, devices: list[Any], kind: str) -> None:
+        self.tf.config.set_visible_devices(devices, kind)
+
+    def details(self, device: Any) -> dict[str, Any]:
+        return self.tf.config.experimental.get_device_details(device)
+
+    def getenv(self, name: str) -> str | None:
+        return os.environ.get(name)
+
+    def errors(self) -> tuple[type[BaseException], ...]:
+        return (self.tf.errors.OpError,)
+
+    def new_session_config(self) -> Any:
+        return self.tf.compat.v1.ConfigProto()
+
+    def record_devices_created(self, route: str) -> None:
+        record_devices_created(route)
+
+    def set_loglevel(self, level: str | None) -> list[str]:
+        return set_python_loglevel(level)
+
+    def device_routes(self) -> list[Route]:
+        try:
+            from tensorflow.python.client import device_lib, session
+        except ImportError:  # a TensorFlow without these private modules: nothing to wrap
+            return []
+
+        def listed_gpu(result: Any, args: tuple) -> bool:
+            return any(getattr(d, "device_type", "") == "GPU" for d in result or ())
+
+        def session_gpu(result: Any, args: tuple) -> bool:
+            return any(d.device_type == "GPU" for d in args[0].list_devices())
+
+        return [
+            Route(device_lib, "list_local_devices", "device_lib.list_local_devices()", 0, "session_config", True,
+                  listed_gpu),
+            Route(session.BaseSession, "__init__", "tf.compat.v1.Session()", 3, "config", False, session_gpu),
+        ]
+
+
+PYTHON_LOGGERS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+"""The `logging` level of each `loglevel` (absl's Python verbosity follows the same names)."""
+
+_python_defaults: dict[str, Any] = {}
+"""The loggers' levels before this tool first set them, restored by `loglevel off`."""
+
+
+def set_python_loglevel(level: str | None) -> list[str]:
+    """Set the `tensorflow` logger (and absl's, when absl is loaded) to `level`; None restores the
+    levels they had before. Unlike the C++ level these stay settable for the whole process.
+    Returns one line per logger that changed."""
+    loggers: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
+    tf_logger = logging.getLogger("tensorflow")
+    loggers["tensorflow"] = (lambda: tf_logger.level, tf_logger.setLevel)
+    absl = sys.modules.get("absl.logging")
+    if absl is not None and hasattr(absl, "get_verbosity") and hasattr(absl, "set_verbosity"):
+        loggers["absl"] = (absl.get_verbosity, absl.set_verbosity)
+    changed = []
+    for name, (get, put) in loggers.items():
+        if level is None and name not in _python_defaults:
+            continue
+        _python_defaults.setdefault(name, get())
+        if level is None:
+            wanted = _python_defaults.pop(name)
+        else:
+            wanted = PYTHON_LOGGERS[level] if name == "tensorflow" else _absl_verbosity(absl, level)
+        if get() != wanted:
+            put(wanted)
+            shown = f"{level} and above" if level is not None else "back to its own level"
+            changed.append(f"Python logger {name}: {shown}")
+    return changed
+
+
+def _absl_verbosity(absl: Any, level: str) -> Any:
+    """absl's verbosity for `level` (its own constants: DEBUG 1 … ERROR -2)."""
+    return getattr(absl, level.upper())
+
 
 Setting = Literal["visible", "logical", "cpus", "growth", "variable"]
 """What a `Change` changes: which GPUs are visible, a GPU's logical devices, the first CPU's, a
 GPU's memory growth, an environment variable."""
 
 
-LockReason = Literal["initialized", "import", "cuda_start", "allocator_creation", "devices_created", "no_call"]
+LockReason = Literal["initialized", "import", "cuda_start", "allocator_creation", "devices_created", "jax_backends",
+                     "torch_cuda", "torch_import", "no_call"]
 """Why a change cannot be made in this process: the runtime is initialized; the variable's reader read
-it at TensorFlow's import, CUDA's start or the GPU allocators' creation (`envvars.Moment.code`); a route
-created GPU devices (`RuntimeState.devices_created`); TensorFlow has no call for it."""
+it at TensorFlow's import, CUDA's start, the GPU allocators' creation, JAX's backend start or PyTorch's
+CUDA start (`envvars.Moment.code`); a route created GPU devices (`RuntimeState.devices_created`);
+TensorFlow has no call for it."""
 
 
 class Change(NamedTuple):
@@ -111,22 +277,6 @@ class ApplyReport:
         return not self.locked and not self.failed
 
 
-def limit_table(plan: Plan) -> tuple[dict[int, tuple[int, ...]], tuple[int, ...] | None]:
-    """TensorFlow's `memory_limit`s (MiB, one per logical device) of each GPU index with a limit or
-    split of its own, and of every other GPU (None: left alone), from the plan's policy entries."""
-    index = dict(plan.tf_indices)
-    own = {index[gpu]: (mib,) for gpu, mib in plan.limits if gpu != ALL_GPUS}
-    own.update((index[gpu], sizes) for gpu, sizes in plan.splits)
-    every = dict(plan.limits).get(ALL_GPUS)
-    return own, None if every is None else (every,)
-
-
-def memory_limits(plan: Plan, index: int) -> tuple[int, ...] | None:
-    """TensorFlow's `memory_limit`s for the logical devices of its GPU `index`; None to leave it alone."""
-    own, every = limit_table(plan)
-    return own.get(index, every)
-
-
 def env_changes(plan: Plan) -> list[Change]:
     """The plan's environment variables TensorFlow or CUDA already read (`Plan.locked_env`)."""
     return [Change("variable", name, current, target, why) for name, current, target, why in plan.locked_env]
@@ -150,8 +300,8 @@ def pending_changes(plan: Plan, api: ConfigAPI) -> tuple[list[Step], list[str]]:
         gpu_steps = [Step(step.change._replace(why="devices_created"), None) for step in gpu_steps]
     steps = [*(Step(change, None) for change in env_changes(plan)), *gpu_steps, *_logical_changes(plan, api, [], cpus)]
     notes = []
-    missing = sorted(index for index in limit_table(plan)[0] if index >= len(gpus))
-    wants_gpu = plan.growth is not None or plan.limits or plan.splits or plan.visible_gpus
+    missing = sorted(index for index, _ in plan.tf_limits if index >= len(gpus))
+    wants_gpu = plan.growth is not None or plan.sized or plan.visible_gpus
     if not gpus and (wants_gpu or plan.env_map.get(TF_FORCE_GPU_ALLOW_GROWTH) == "true"):
         notes.append(NO_GPU_NOTE)
     elif missing:
@@ -173,8 +323,7 @@ def _visible_changes(plan: Plan, api: ConfigAPI, gpus: list[Any]) -> list[Step]:
 def _logical_changes(plan: Plan, api: ConfigAPI, gpus: list[Any], cpus: list[Any]) -> list[Step]:
     """Logical-device configurations to set, and recorded ones the plan no longer wants (which
     TensorFlow cannot remove: they stay until the process restarts)."""
-    own, every = limit_table(plan)
-    targets: list[tuple[Setting, Any, Any]] = [("logical", gpu, own.get(i, every)) for i, gpu in enumerate(gpus)]
+    targets: list[tuple[Setting, Any, Any]] = [("logical", gpu, plan.memory_limits(i)) for i, gpu in enumerate(gpus)]
     if cpus:
         targets.append(("cpus", cpus[0], None if plan.cpu_devices is None else (None,) * plan.cpu_devices))
     steps = []
@@ -193,10 +342,9 @@ def _growth_changes(plan: Plan, api: ConfigAPI, gpus: list[Any], initialized: bo
     equal the wanted one exactly (TF refuses a mix of None and False at init); after, None == off."""
     if plan.growth is None:
         return []
-    own, every = limit_table(plan)
     steps = []
     for index, gpu in enumerate(gpus):
-        if own.get(index, every) is not None or api.get_logical(gpu) is not None:
+        if plan.memory_limits(index) is not None or api.get_logical(gpu) is not None:
             continue
         recorded = api.get_growth(gpu)
         if (bool(recorded) if initialized else recorded) == plan.growth:
@@ -279,11 +427,10 @@ def session_config(plan: Plan, api: ConfigAPI | None = None) -> Any:
     gpus = api.devices("GPU")
     if plan.visible_gpus is not None:
         config.gpu_options.visible_device_list = ",".join(str(i) for i in plan.visible_gpus)
-    if plan.limits or plan.splits:  # one entry per visible GPU, in visible_device_list's order (TF requires it)
-        own, every = limit_table(plan)
+    if plan.sized:  # one entry per visible GPU, in visible_device_list's order (TF requires it)
         for index in plan.visible_gpus if plan.visible_gpus is not None else range(len(gpus)):
             virtual = config.gpu_options.experimental.virtual_devices.add()
-            virtual.memory_limit_mb.extend(float(mib) for mib in own.get(index, every) or ())
+            virtual.memory_limit_mb.extend(float(mib) for mib in plan.memory_limits(index) or ())
     if plan.growth is not None:
         config.gpu_options.allow_growth = plan.growth
     if plan.cpu_devices is not None:

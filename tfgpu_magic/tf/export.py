@@ -6,9 +6,8 @@ import json
 import shlex
 
 from ..errors import PolicyError
-from .apply import limit_table
-from .envvars import TF_FORCE_GPU_ALLOW_GROWTH
-from .plan import Plan, build_plan
+from ..envvars import TF_FORCE_GPU_ALLOW_GROWTH
+from ..plan import Plan, build_plan
 from ..language.policy import Policy
 
 HEADER = "# GPU policy exported by tfgpu_magic; run it before anything else touches TensorFlow."
@@ -43,12 +42,12 @@ def to_python(plan: Plan) -> str:
             "import absl.logging",
             f"absl.logging.set_verbosity({plan.loglevel!r})",
         ]
-    sized = bool(plan.limits or plan.splits)
+    sized = plan.sized
     if sized or plan.growth is not None:
         lines.append('gpus = tf.config.list_physical_devices("GPU")')
     if sized:
-        own, every = limit_table(plan)
-        table = {index: list(sizes) for index, sizes in own.items()}
+        table = {index: list(sizes) for index, sizes in plan.tf_limits}
+        every = plan.tf_default_limits
         lines += [
             f"memory_limits = {table!r}  # TensorFlow GPU index -> MiB of each logical GPU",
             f"default_limits = {list(every) if every else None!r}  # for every other GPU",
@@ -72,6 +71,19 @@ def to_python(plan: Plan) -> str:
             f"    cpus[0], [tf.config.LogicalDeviceConfiguration()] * {plan.cpu_devices}",
             ")",
         ]
+    if plan.torch_fractions:
+        lines += [
+            "",
+            "# PyTorch, where installed: each device's memory fraction (a soft cap in its caching allocator)",
+            "try:",
+            "    import torch",
+            "except ImportError:",
+            "    torch = None",
+            "if torch is not None and torch.cuda.is_available():",
+            f"    for device, fraction in {dict(plan.torch_fractions)!r}.items():",
+            "        if device < torch.cuda.device_count():",
+            "            torch.cuda.set_per_process_memory_fraction(fraction, device)",
+        ]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -83,9 +95,10 @@ def to_env(plan: Plan) -> str:
     lines = [HEADER.replace("run it", "source it"), *_note_comments(plan)]
     for name, value in env.items():
         lines.append(f"export {name}={shlex.quote(value)}" if value is not None else f"unset {name}")
-    if plan.limits or plan.splits or plan.cpu_devices is not None:
+    if plan.sized or plan.cpu_devices is not None or plan.torch_fractions:
         lines.append(
-            "# memory limits and logical devices have no environment variable: use `%tfgpu export python`"
+            "# memory limits and logical devices (and PyTorch's memory fractions) have no environment variable: "
+            "use `%tfgpu export python`"
         )
     return "\n".join(lines) + "\n"
 

@@ -17,10 +17,9 @@ from ..gpus.cudaenv import grant_of
 from ..gpus.inventory import Gpu, Inventory, self_mib
 from ..language.policy import ALL_GPUS
 from ..language.sizes import mib_text
-from .envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR
-from .apply import memory_limits
-from .plan import Plan
-from .configapi import ConfigAPI
+from ..envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR
+from ..plan import Plan
+from .apply import ConfigAPI
 from .runtime import ASYNC_ALLOCATOR, RuntimeState, eager_flags
 
 if TYPE_CHECKING:
@@ -216,7 +215,7 @@ def cap_for(controller: MemorySource, card: VisibleGpu, state: RuntimeState, pla
     """The cap of `card`: TensorFlow's record once initialized, else what the plan would apply."""
     ref = card.gpu.ref if card.gpu is not None else None
     soft = (plan.env_map.get(TF_GPU_ALLOCATOR) or controller.environ.get(TF_GPU_ALLOCATOR)) == ASYNC_ALLOCATOR
-    wanted = memory_limits(plan, card.tf_index)
+    wanted = plan.memory_limits(card.tf_index)
     if not state.initialized:
         growth = _growth_wanted(controller, plan)
         if wanted is None:

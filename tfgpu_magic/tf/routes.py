@@ -9,7 +9,7 @@ import sys
 from typing import Any, Callable
 
 from ..errors import short_error
-from .configapi import ConfigAPI, Route
+from .apply import ConfigAPI, Route
 from .runtime import WRAPPED, where
 
 def merge_session_config(user: Any | None, policy: Any | None, api: ConfigAPI) -> tuple[Any | None, str | None]:

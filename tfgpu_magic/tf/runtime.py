@@ -15,8 +15,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 from ..errors import warn
 from ..gpus.inventory import driver_present
 from ..language.words import ALLOCATORS
-from . import envvars
-from .envvars import Moment
+from .. import envvars, importhooks
+from ..envvars import Moment
 
 
 LOCKED_MARKER = "cannot be modified after"
@@ -49,11 +49,18 @@ class RuntimeState(NamedTuple):
     cuda_elsewhere: str | None = None
     """Why CUDA looks started in this process before TensorFlow listed devices (another library,
     or a route above): `CUDA_*` variables no longer take effect."""
+    jax_started: bool = False
+    """JAX's backends have started: its `XLA_*` variables were read (`frameworks.jax`)."""
+    torch_cuda: bool = False
+    """PyTorch's CUDA has started: `CUDA_VISIBLE_DEVICES` was read (`frameworks.torch`)."""
+    torch_imported: bool = False
+    """PyTorch is imported: its allocator backend was picked (`envvars.TORCH_IMPORT`)."""
 
     @property
     def cuda_fixed(self) -> bool:
         """`CUDA_VISIBLE_DEVICES` / `CUDA_DEVICE_ORDER` were read already (CUDA reads them once)."""
-        return self.devices_listed or self.cuda_elsewhere is not None or self.devices_created is not None
+        return (self.devices_listed or self.cuda_elsewhere is not None or self.devices_created is not None
+                or self.torch_cuda)
 
     @property
     def gpu_memory_fixed(self) -> bool:
@@ -66,6 +73,9 @@ class RuntimeState(NamedTuple):
             envvars.IMPORT: self.imported,
             envvars.CUDA_START: self.cuda_fixed,
             envvars.ALLOCATOR_CREATION: self.gpu_memory_fixed,
+            envvars.JAX_BACKENDS: self.jax_started,
+            envvars.TORCH_CUDA: self.torch_cuda,
+            envvars.TORCH_IMPORT: self.torch_imported,
         }[moment]
 
     @property
@@ -87,8 +97,7 @@ def too_late(name: str, state: RuntimeState) -> str | None:
     """Why a change of environment variable `name` no longer takes effect (the moment's code, a
     `tf.apply.LockReason`), None while it still does (the table's read time against TensorFlow's
     state). On a machine without GPUs the allocator variables are never read, and stay harmless."""
-    moment = envvars.read_at(name)
-    return moment.code if state.passed(moment) else None
+    return next((moment.code for moment in envvars.read_at(name) if state.passed(moment)), None)
 
 
 _created_by: str | None = None
@@ -164,8 +173,9 @@ def eager_flags() -> tuple[bool, bool] | None:
     With `call_at_initialization`, the one place that reads TensorFlow's private `context_safe()`,
     `_physical_devices` and `_context_handle` (the same test TensorFlow's own setters make, stable
     from 2.10 to 2.21). If they ever go away, both read False and the setters' RuntimeError is caught
-    instead (see `apply_plan`). A few attribute reads: cheap enough for the per-cell hooks."""
-    if "tensorflow" not in sys.modules:
+    instead (see `apply_plan`). A few attribute reads: cheap enough for the per-cell hooks. While
+    `tensorflow/__init__` still runs (a framework it imports is being set up), it is not imported yet."""
+    if "tensorflow" not in sys.modules or importhooks.importing("tensorflow"):
         return None
     module = sys.modules.get("tensorflow.python.eager.context")
     context = module.context_safe() if module is not None and hasattr(module, "context_safe") else None

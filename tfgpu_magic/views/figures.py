@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..language.policy import short_uuid
 from ..language.sizes import bytes_text, gib_pair, mib_text
 from ..gpus.inventory import Inventory
 from ..tf.memory import GpuMemory, MemoryAPI, memory_rows
@@ -43,12 +44,31 @@ HEADERS = ("GPU", "TF", "tensors now / peak", "this process", "others", "free / 
 
 
 def memory_text(controller: Controller, api: MemoryAPI | None = None, inventory: Inventory | None = None) -> str:
-    """`%tfgpu memory`: one compact row per visible GPU, or the one line without GPUs."""
+    """`%tfgpu memory`: one compact row per visible GPU, or the one line without GPUs; then JAX's and
+    PyTorch's own figures where they started."""
     inventory = inventory or controller.inventory()
     rows = memory_rows(controller, api, inventory)
-    if not rows:
-        return no_gpu_line(controller, inventory)
-    return render(rows, controller.state())
+    text = render(rows, controller.state()) if rows else no_gpu_line(controller, inventory)
+    return "\n".join([text, *framework_lines(controller.framework_memory())])
+
+
+FRAMEWORK_FIGURES = {"jax": ("JAX", "in use", "peak", "pool limit"), "torch": ("PyTorch", "allocated", None, "reserved")}
+"""How each framework's own figures are called (`Controller.framework_memory`)."""
+
+
+def framework_lines(figures: dict[str, list[tuple[str, str | None, int, int | None, int | None]]]) -> list[str]:
+    """A line per device of each framework that keeps its own figures: `JAX gpu:0 (GPU-b1c2d3e4…): in use
+    1.2 GiB, peak 2.0 GiB, pool limit 60.0 GiB`."""
+    lines = []
+    for name, rows in figures.items():
+        label, current, peak, reserved = FRAMEWORK_FIGURES[name]
+        for device, card, now, top, pool in rows:
+            parts = [f"{current} {bytes_text(now)}"]
+            parts += [f"{peak} {bytes_text(top)}"] if peak and top is not None else []
+            parts += [f"{reserved} {bytes_text(pool)}"] if pool is not None else []
+            where = f" ({short_uuid(card)})" if card else ""
+            lines.append(f"{label} {device}{where}: {', '.join(parts)}")
+    return lines
 
 
 def render(rows: list[GpuMemory], state: RuntimeState) -> str:

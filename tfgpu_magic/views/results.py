@@ -174,6 +174,7 @@ class StatusResult(Result):
         env = ", ".join(code(shown_variable(name, value), f"{name}={value}") for name, value in snap.environment)
         rows = [
             ("TensorFlow", state_html(snap)),
+            *((label, text_html(line)) for label, line in snap.frameworks),
             ("Policy", text_html("; ".join(snap.policy)) if snap.policy else "none (TensorFlow defaults)"),
             ("Variables", env or "none set"),
         ]

@@ -10,15 +10,22 @@ from ..selftest.report import Row
 from ..selftest.rules import FAIL, PASS, SKIP
 
 
+FRAMEWORK_RULES = {"jax-settings": "JAX", "torch-settings": "PyTorch"}
+"""The rules whose child reports the version of the framework it imported."""
+
+
 def header(rows: list[Row]) -> str:
-    """Which Python and TensorFlow the rules ran with, from the run without a policy."""
+    """Which Python and TensorFlow the rules ran with, from the run without a policy; JAX's and
+    PyTorch's versions where their rules ran."""
     figures = next((row.figures for row in rows if row.rule == "baseline" and row.figures), None)
+    others = "".join(f" · {FRAMEWORK_RULES[row.rule]} {row.figures['version']}" for row in rows
+                     if row.rule in FRAMEWORK_RULES and row.figures and row.figures.get("version"))
     if figures is None:
         why = next((row.why for row in rows if row.rule == "baseline"), "")
-        return "tfgpu_magic selftest" + (f" · TensorFlow: {why}" if why else "")
+        return "tfgpu_magic selftest" + (f" · TensorFlow: {why}" if why else "") + others
     build = "CUDA build" if figures["cuda_build"] else "CPU-only build"
     return (f"tfgpu_magic selftest · Python {figures['python_version']} ({figures['python']}) · "
-            f"TensorFlow {figures['version']} ({build}, {figures['gpus']} GPU(s))")
+            f"TensorFlow {figures['version']} ({build}, {figures['gpus']} GPU(s))" + others)
 
 
 def opening(timeout: float, deadline: float) -> str:

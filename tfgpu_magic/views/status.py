@@ -15,8 +15,10 @@ from ..gpus.inventory import Gpu, Inventory
 from ..language.directives import describe_policy
 from ..language.policy import quote, short_uuid
 from ..language.sizes import directive_size, gib_pair, mib_text
-from ..tf.envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, NAMES
+from ..envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, NAMES
 from ..tf import initcell
+from ..frameworks import FrameworkView
+from ..frameworks.torch import FractionSet
 from ..tf.apply import ApplyReport, Change, Recorded, Refusal
 from ..tf.runtime import NO_GPU, NO_GPU_NOTE, LogicalSpec, RuntimeState, current_shell
 
@@ -81,7 +83,7 @@ def describe_report(report: ApplyReport, restart_hint: str = RESTART_HINT, actio
             f"TensorFlow's runtime is already initialized in this process{initialized_by()}, so these settings "
             "cannot change now:"
             if report.state.initialized
-            else "TensorFlow cannot change these settings in this process any more:"
+            else f"{readers(locked)} cannot change these settings in this process any more:"
         )
         lines += [f"  - {item_text(item, report.state.devices_created)}" for item in locked]
         lines.append(restart_hint if action == "reset" else "The policy is recorded. " + restart_hint)
@@ -104,6 +106,15 @@ def describe_report(report: ApplyReport, restart_hint: str = RESTART_HINT, actio
             lines.append("Already in force.")
     lines += [f"Note: {note}" for note in report.notes if not (absent and note in report.absent)]
     return "\n".join(lines)
+
+
+READERS = {"jax_backends": "JAX", "torch_cuda": "PyTorch", "torch_import": "PyTorch"}
+"""Which framework read a variable, by why its change is locked (`Change.why`); TensorFlow otherwise."""
+
+
+def readers(items: list[Any]) -> str:
+    """`TensorFlow`, `JAX`, `TensorFlow and JAX`: the frameworks that read what `items` would change."""
+    return " and ".join(dict.fromkeys(READERS.get(getattr(item, "why", None) or "", "TensorFlow") for item in items))
 
 
 def nothing_to_apply(report: ApplyReport) -> list[str]:
@@ -146,7 +157,9 @@ SETTINGS = {"visible": "visible GPUs", "logical": "logical devices of {device}",
 
 WHY = {"import": "read when TensorFlow was imported", "cuda_start": "read when CUDA started",
        "allocator_creation": "read when TensorFlow created the GPU allocators",
-       "devices_created": "GPU devices were created by {route}"}
+       "devices_created": "GPU devices were created by {route}",
+       "jax_backends": "read when JAX's backends started", "torch_cuda": "read when PyTorch's CUDA started",
+       "torch_import": "read when PyTorch was imported"}
 """Why a `Change` cannot be made any more (`tf.apply.LockReason`), where that is not initialization."""
 PENDING_TITLES = {True: "Pending, needs a restart", False: "Not applied yet (`%tfgpu apply`)"}
 """The groups of `Controller.pending()`, by `needs_restart`."""
@@ -161,9 +174,12 @@ def change_text(change: Change, route: str | None = None) -> str:
     return text + (f" ({why.format(route=route)})" if why else "")
 
 
-def item_text(item: Change | Refusal | str, route: str | None = None) -> str:
+def item_text(item: Change | Refusal | FractionSet | str, route: str | None = None) -> str:
     """An `ApplyReport` item as its message words it: a change, a change TensorFlow refused (with
-    TensorFlow's words), or a line as it is (a variable set, a logger changed)."""
+    TensorFlow's words), a PyTorch memory fraction, or a line as it is (a variable set, a logger changed)."""
+    if isinstance(item, FractionSet):
+        when = " when its CUDA starts" if item.queued else ""
+        return f"PyTorch's memory fraction of GPU {item.device}: {item.wanted:g}{when} (a soft cap)"
     if isinstance(item, Refusal):
         what = "listing TensorFlow's devices" if item.change is None else change_text(item.change, route)
         return f"{what}: TensorFlow said: {item.said}"
@@ -270,6 +286,8 @@ class StatusSnapshot(NamedTuple):
     """What TensorFlow recorded; None while it is not imported."""
     pending: tuple[tuple[str, tuple[str, ...]], ...]
     notes: tuple[str, ...]
+    frameworks: tuple[tuple[str, str], ...] = ()
+    """A (label, line) per other framework imported or told something (`framework_rows`)."""
 
     @property
     def locked(self) -> bool:
@@ -294,12 +312,54 @@ def snapshot(source: Controller) -> StatusSnapshot:
         recorded=None if recorded is None else tuple(recorded_lines(recorded)),
         pending=tuple((title, tuple(items)) for title, items in pending_lines(source, state)),
         notes=tuple(source.plan(state).notes),
+        frameworks=tuple(framework_rows(source.other_frameworks(), source.policy.growth is True)),
     )
+
+
+FRAMEWORK_LABELS = {"jax": "JAX", "torch": "PyTorch", "keras": "Keras"}
+
+
+def framework_rows(views: list[FrameworkView], growth: bool) -> list[tuple[str, str]]:
+    """(label, line) for each other framework: where it is in its life, and what the policy told it."""
+    return [(FRAMEWORK_LABELS[view.name], _framework_line(view, growth)) for view in views]
+
+
+def _framework_line(view: FrameworkView, growth: bool) -> str:
+    version = f"{view.version}, " if view.version else ""
+    told = ", ".join(shown_variable(name, value) for name, value in view.variables)
+    if view.name == "keras":
+        source = {"keras": "as imported", "default": "its default"}.get(view.backend_source or "", view.backend_source)
+        return f"backend {view.backend} ({source})"
+    if view.name == "jax":
+        life = ("not imported" if not view.imported
+                else "backends started: its XLA_* settings are fixed until restart" if view.started
+                else "imported, backends not started")
+        return f"{version}{life}; {_told(view, told) or 'told nothing (its default: 75% of each GPU at its first op)'}"
+    build = " (a CPU-only build)" if view.cuda_build is False else ""
+    life = ("not imported" if not view.imported
+            else "CUDA started: its allocator settings are fixed until restart" if view.started
+            else "imported, CUDA not started")
+    parts = [told] if told else []
+    if view.fractions:
+        shares = {fraction for _, fraction in view.fractions}
+        devices = ", ".join(str(device) for device, _ in view.fractions)
+        fraction = (f"memory fraction {shares.pop():g} on GPU {devices}" if len(shares) == 1 else
+                    "memory fractions " + ", ".join(f"GPU {device}: {share:g}" for device, share in view.fractions))
+        parts.append(fraction + " (a soft cap: its caching allocator stops there; CUDA's own context is extra)")
+    if growth:
+        parts.append("growth: nothing to do (its caching allocator never preallocates)")
+    return f"{version}{life}{build}; {_told(view, '; '.join(parts)) or 'told nothing'}"
+
+
+def _told(view: FrameworkView, told: str) -> str:
+    """What the framework was told, or (not imported yet) what its import will bring; '' for nothing."""
+    return "" if not told else f"told: {told}" if view.imported else f"at its import: {told}"
 
 
 def status_text(snap: StatusSnapshot) -> str:
     """The full `%tfgpu` status as text: TensorFlow state, desired policy, environment, what TF recorded."""
     lines = [row("TensorFlow", initcell.label(snap.state.label))]
+    lines += [row(label, line) for label, line in snap.frameworks]
     lines.append(row("Policy", list(snap.policy) or "none (TensorFlow defaults)"))
     env = [shown_variable(name, value) for name, value in snap.environment]
     lines.append(row("Variables", env or "none set", ", "))
