@@ -5,14 +5,11 @@ installed (this process never imports it), and the fake's rules against real tor
 
 What counts is what PyTorch would run with once its CUDA starts (the fake's fractions, allocator and GPUs),
 that the code under test never starts CUDA itself (the fake's trap), and what the status and reports say.
-Tests marked xfail(strict) describe what the product must do and does not yet: /work/notes/torch-requests.md
-explains each (not ours to mend here: controller.py, plan.py, envvars.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-
 import importlib.util
 import json
 import os
@@ -46,7 +43,6 @@ BEFORE_CUDA = MOMENTS[:2]
 CONF_VARIABLES = ALLOC_CONF_ORDER
 ASYNC_CONF = "backend:cudaMallocAsync"
 SOFT = " (a soft cap: its caching allocator stops there; CUDA's own context is extra)"
-REQUESTS = "/work/notes/torch-requests.md"
 NO_TORCH = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                               reason="PyTorch is not installed in this Python (.ci/run installs torch 2.13.0's CPU "
                                      "wheel where it lies on this machine's disk)")
