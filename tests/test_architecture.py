@@ -2,7 +2,8 @@
 import only rooms of their own layer or below (`LAYERS`, see docs/architecture.md), with no cycle
 between rooms or between modules (module-level, function-level and `TYPE_CHECKING` imports all
 count); no room reads another room's attributes by string; the magic and the panel never import each
-other; each heavy or optional dependency stays in its one room.
+other; each heavy or optional dependency stays in its one room; docs/architecture.md's layer table names
+what each room imports.
 
 `python tests/test_architecture.py` prints the room graph, then the module graph.
 """
@@ -155,6 +156,34 @@ def test_every_room_has_a_layer() -> None:
 
 def test_rooms_import_downward_only() -> None:
     assert upward_imports(import_graph()) == []
+
+
+DOC = ROOT.parent / "docs" / "architecture.md"
+
+
+def documented_imports() -> dict[str, set[str]]:
+    """docs/architecture.md's layer table: each room and the rooms its row says it imports ("–": none;
+    "below", "everything below": left out, as they say nothing particular)."""
+    table = DOC.read_text().split("## The layer table", 1)[1].split("\n\n", 2)[1]
+    said: dict[str, set[str]] = {}
+    for row in table.splitlines()[2:]:
+        _, _, rooms, _, imports, _ = (cell.strip() for cell in row.split("|"))
+        names = re.findall(r"`([^`]+)`", rooms)
+        if "below" in imports:
+            continue
+        for name in names:
+            part = next((text.split(":", 1)[1] for text in imports.split(";") if text.strip().startswith(f"{name}:")),
+                        imports)
+            said[name] = {word.strip() for word in part.split(",")} - {"–", ""}
+    return said
+
+
+def test_the_documented_layer_table_names_what_each_room_imports() -> None:
+    """docs/architecture.md's table says, for each room of a row that names its imports, exactly the rooms
+    it imports."""
+    graph, said = room_graph(), documented_imports()
+    assert said and set(said) <= set(graph), sorted(set(said) - set(graph))
+    assert {room: sorted(rooms) for room, rooms in said.items()} == {room: sorted(graph[room]) for room in said}
 
 
 def test_no_cycle_between_rooms() -> None:
