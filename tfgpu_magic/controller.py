@@ -323,19 +323,22 @@ class Controller:
     def frameworks(self, every: bool = False) -> Frameworks:
         """What the plan needs to know of the other frameworks here: those imported (one imported later
         gets the policy as its import finishes: `_watch_imports`), or every one (`every`: for a fresh
-        process elsewhere, or to show what an import will bring). The cards' totals are read only where
-        a limit needs them."""
+        process elsewhere, or to show what an import will bring). The cards' totals and JAX's fraction
+        variable are read only where a limit needs them, Keras's backend only where the policy leaves growth
+        to it."""
         torch_state, jax_state = self.torch.state(), jax.state()
         here = ALL_FRAMEWORKS if every else Frameworks(
             jax=jax_state.imported, torch=torch_state.imported or self._torch_importing,
             tensorflow=self.api.state().imported, cuda_users=torch_state.cuda_started or jax_state.started)
-        needs_totals = bool(self.policy.limits or self.policy.splits) and (here.jax or here.torch)
-        inventory = self.inventory() if needs_totals else None
+        limited = bool(self.policy.limits or self.policy.splits)
+        inventory = self.inventory() if limited and (here.jax or here.torch) else None
         totals = {gpu.ref: gpu.memory_total_mib for gpu in inventory.gpus if gpu.memory_total_mib} \
             if inventory is not None and inventory.available else {}
-        return here._replace(fraction_variable=jax.fraction_variable(self.environ) if here.jax else here.fraction_variable,
+        fraction_variable = jax.fraction_variable(self.environ) if limited and here.jax else here.fraction_variable
+        return here._replace(fraction_variable=fraction_variable,
                              alloc_conf=self._alloc_conf(),
-                             totals=totals, keras_backend=keras.state(self.environ).backend)
+                             totals=totals,
+                             keras_backend=keras.state(self.environ).backend if self.policy.growth is None else None)
 
     def _may_look(self, state: RuntimeState, probe: bool) -> bool:
         """Whether `plan` asks TensorFlow for a recorded logical configuration (only growth's route
