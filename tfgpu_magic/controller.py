@@ -15,7 +15,7 @@ from . import importhooks
 from .tf import importhook
 from .errors import PolicyError
 from .frameworks import FrameworkView, jax, keras
-from .frameworks.torch import Fractions, FractionSet, Torch, TorchAPI
+from .frameworks.torch import Fractions, Torch, TorchAPI
 from .frameworks import torch as torch_room
 from .gpus.cudaenv import Grant, GrantedCatalog, grant_of
 from .gpus.inventory import Inventory, InventoryCatalog
@@ -169,7 +169,8 @@ class Controller:
         from .envvars import BY_NAME
 
         every = {"tensorflow", "jax", "torch"}  # CUDA's own variables: not told to one framework in particular
-        planned = {name: value for name, value in self._fresh_plan().env if value is not None}
+        fresh = self._fresh_plan()
+        planned = {name: value for name, value in fresh.env if value is not None}
 
         def told(name: str, imported: bool) -> tuple[tuple[str, str], ...]:
             source = self.environment() if imported else planned
@@ -183,7 +184,7 @@ class Controller:
             views.append(FrameworkView(JAX, jax_state.version, jax_state.imported, jax_state.started, jax_told))
         torch_state = self.torch.state()
         torch_told = told(TORCH, torch_state.imported)
-        fractions = self.plan().torch_fractions if torch_state.imported else self._fresh_plan().torch_fractions
+        fractions = self.plan().torch_fractions if torch_state.imported else fresh.torch_fractions
         if torch_state.imported or ((torch_told or fractions) and torch_room.installed()):
             views.append(FrameworkView(TORCH, torch_state.version, torch_state.imported, torch_state.cuda_started,
                                        torch_told, fractions, torch_state.cuda_build is not None
@@ -384,7 +385,7 @@ class Controller:
                 importhook.arm(self.on_tensorflow_import)
             report = ApplyReport(state=state, waiting=True, locked=env_changes(plan))
         report.applied[:0] = env_applied
-        report.applied += self._apply_torch()
+        report.applied += self.fractions.apply()  # PyTorch's, once it is imported
         notes = [*plan.notes, *report.notes]
         report.notes = [note for note in notes if note not in self._notes_shown]
         self._notes_shown = set(notes)
@@ -409,10 +410,6 @@ class Controller:
 
         on_tensorflow_import(self)
         install_routes(self.api, self._route_config)
-
-    def _apply_torch(self) -> list[FractionSet]:
-        """PyTorch's fractions (queued until its CUDA starts), once it is imported."""
-        return self.fractions.apply() if self.torch.state().imported else []
 
     def _watch_imports(self) -> None:
         """Where the policy tells JAX or PyTorch something and one is installed but not imported, a hook

@@ -75,7 +75,7 @@ def who(inventory: Inventory | None = None, runtime_dir: Path | None = None) -> 
     container of its own pid namespace: NVML's host pids first, then this user's kernels)."""
     from .gpus import inventory as gpu_inventory
     from .gpus import processes, reservations
-    from .jupyter import persist, sessions
+    from .jupyter import kernelstate, persist, sessions
 
     found = inventory if inventory is not None else gpu_inventory.cached_inventory()
     directory = runtime_dir or persist.runtime_dir()
@@ -99,7 +99,7 @@ def who(inventory: Inventory | None = None, runtime_dir: Path | None = None) -> 
         kernel_id = info.kernel_id if own else None
         session = known.get(kernel_id) if kernel_id else None
         state = _published(info) if kernel_id else None
-        figures = _tensorflow_figures(state, found) if foreign and state is not None else {}
+        figures = kernelstate.memory_by_card(state, found) if foreign and state is not None else {}
         rows.append(Holder(
             pid=pid,
             user=info.user,
@@ -130,12 +130,6 @@ def _published(info: Any) -> dict[str, Any] | None:
     except kernelstate.StateInvalid:
         return None
 
-
-def _tensorflow_figures(state: dict[str, Any], inventory: Inventory) -> dict[int, int | None]:
-    """Card → bytes the kernel's TensorFlow publishes for its tensors."""
-    from .jupyter import kernelstate
-
-    return dict(kernelstate.memory_by_card(state, inventory)) if inventory.available else {}
 
 
 def _framework_figures(state: dict[str, Any] | None) -> tuple[tuple[str, int], ...]:

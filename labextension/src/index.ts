@@ -130,7 +130,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
           apply();
           settings.changed.connect(apply);
         })
-        .catch(reason => console.warn('tfgpu-magic: settings not loaded, polling every 3 s:', reason));
+        .catch(reason => console.warn(`tfgpu-magic: settings not loaded, polling every ${DEFAULT_REFRESH_MS / 1000} s:`, reason));
     }
 
     const currentPlan = (): Plan =>
@@ -153,11 +153,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
         });
       }
     });
-    let shownCaption = '';
+    let shownPlan = ''; // the caption follows the plan's `keep` or `why` alone: compare those, not its words
     model.stateChanged.connect(() => {
-      const now = caption(trans, currentPlan());
-      if (now !== shownCaption) {
-        shownCaption = now;
+      const planned = currentPlan();
+      const now = planned.keep ? 'keep' : planned.why;
+      if (now !== shownPlan) {
+        shownPlan = now;
         app.commands.notifyCommandChanged(COMMAND);
       }
     });

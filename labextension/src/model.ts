@@ -44,11 +44,11 @@ export interface IFailure {
 
 /** The refresh rate's default and least value (the settings schema, schema/plugin.json, says the same). */
 export const DEFAULT_REFRESH_MS = 3000;
-export const MIN_REFRESH_MS = 1000;
+const MIN_REFRESH_MS = 1000;
 /** At most this many requests in any `FAILING_WINDOW_MS` while failing (the issue's cap: 6 a minute);
  * the window is a second longer than a minute, so that no minute measured anyhow holds more. */
-export const FAILING_BUDGET = 6;
-export const FAILING_WINDOW_MS = 61_000;
+const FAILING_BUDGET = 6;
+const FAILING_WINDOW_MS = 61_000;
 /** The longest wait between two probes while failing (Poll's backoff grows up to it). */
 const MAX_BACKOFF_MS = 60_000;
 /** Kernels whose last reply is kept (the notebooks a user switches between). */
@@ -130,10 +130,7 @@ export class GpuModel extends VDomModel {
 
   /** One poll: what is shown, or a single probe while failing (none once the budget is spent). */
   private async _tick(): Promise<void> {
-    const demand = this._demand();
-    if (demand.kernelId === null && !demand.gpus) {
-      return;
-    }
+    const demand = this._demand(); // something is shown: else `standby` kept the poll from calling this
     if (this._failure !== null) {
       if (!this._budgetLeft()) {
         throw new RequestFailure(this._failure.kind, this._failure.status, this._failure.detail);

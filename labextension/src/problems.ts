@@ -4,14 +4,19 @@
  */
 import type { TranslationBundle } from '@jupyterlab/translation';
 
-import type { IGpuStatus } from './api';
-import type { GpuModel, IFailure, IReceived } from './model';
+import type { IGpuStatus, IReplyError } from './api';
+import type { GpuModel, IReceived } from './model';
 import { IProblemText, errorText, failureText, hostPidsText } from './words';
 
 /** One problem as the views show it: what, the fix, and the server's own words (a tooltip). */
 export interface IProblem extends IProblemText {
   key: string;
   detail: string;
+}
+
+/** A reply's error code (`where`: the kernel's state, or the GPU figures) as a problem. */
+function errorProblem(trans: TranslationBundle, where: 'kernel' | 'gpu', error: IReplyError): IProblem {
+  return { key: `${where}-${error.code}`, ...errorText(trans, error.code), detail: error.message };
 }
 
 /** The problems behind what the sidebar (`gpus`: with the cards) or the status item shows. */
@@ -28,12 +33,12 @@ export function problems(
   }
   const kernel = model.kernel(kernelId)?.reply ?? null;
   if (kernel?.error) {
-    found.push({ key: `kernel-${kernel.error.code}`, ...errorText(trans, kernel.error.code), detail: kernel.error.message });
+    found.push(errorProblem(trans, 'kernel', kernel.error));
   }
   const cards = gpus ? (model.gpus?.reply ?? null) : null;
   const status = cards?.gpu_status ?? kernel?.gpu_status ?? null;
   if (status?.error) {
-    found.push({ key: `gpu-${status.error.code}`, ...errorText(trans, status.error.code), detail: status.error.message });
+    found.push(errorProblem(trans, 'gpu', status.error));
   } else if (cards !== null && cards.gpus.length === 0) {
     found.push({
       key: 'no-gpu',
@@ -46,18 +51,6 @@ export function problems(
     found.push({ key: 'host-pids', ...hostPidsText(trans), detail: '' });
   }
   return found;
-}
-
-/** A short word for the status bar where there is nothing else to show. */
-export function failureShort(trans: TranslationBundle, failure: IFailure): string {
-  switch (failure.kind) {
-    case 'extension-missing':
-      return trans.__('GPU: server extension off');
-    case 'server-gone':
-      return trans.__('GPU: server not answering');
-    case 'failed':
-      return trans.__('GPU: request failed (HTTP %1)', failure.status ?? '?');
-  }
 }
 
 /** How old figures received `received` are at `now` (ms) where they are not current: the latest poll

@@ -33,7 +33,7 @@ type FrameworkFigure = ReturnType<typeof frameworkMemory>[number];
 
 export const SIDEBAR_ID = 'tfgpu-sidebar';
 
-export const gpuIcon = new LabIcon({
+const gpuIcon = new LabIcon({
   name: 'tfgpu-magic:gpu',
   svgstr:
     '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24" width="16"><g class="jp-icon3" fill="#616161">' +
@@ -173,8 +173,9 @@ function Card(props: {
   const total = gpu.memory_total ?? 0;
   const used = gpu.memory_used ?? 0;
   const own = gpu.processes.find(proc => isThis(proc, kernelId))?.gpu_memory ?? 0;
+  const usedText = gibPair(gpu.memory_used, gpu.memory_total);
   const figures = [
-    gibPair(gpu.memory_used, gpu.memory_total),
+    usedText,
     gpu.utilization === null ? trans.__('utilization ?') : trans.__('%1% busy', gpu.utilization)
   ];
   if (gpu.mig.length) {
@@ -193,7 +194,7 @@ function Card(props: {
       <div
         className="tfgpu-bar"
         role="img"
-        aria-label={trans.__('%1 used, %2 of it by this notebook', gibPair(gpu.memory_used, gpu.memory_total), bytesText(own))}
+        aria-label={trans.__('%1 used, %2 of it by this notebook', usedText, bytesText(own))}
       >
         <div className="tfgpu-bar-used" style={{ width: percent(Math.max(0, used - own)) }} />
         <div className="tfgpu-bar-this" style={{ width: percent(own) }} />

@@ -14,7 +14,7 @@ export const MIB = 1024 * 1024;
  * binary value rounded, a tie to the even digit. (`toFixed` rounds a tie up: `(2.25).toFixed(1)` is
  * `2.3`, Python writes `2.2`.) Sizes here are bytes over powers of two, so `value * 10 ** digits` is exact.
  */
-export function pyFixed(value: number, digits: number): string {
+function pyFixed(value: number, digits: number): string {
   const scale = 10 ** digits;
   const scaled = Math.abs(value) * scale;
   const floor = Math.floor(scaled);
@@ -24,7 +24,7 @@ export function pyFixed(value: number, digits: number): string {
 }
 
 /** MiB as people read it: `512 MiB`, `3.5 GiB`, `1.0 TiB`; `?` when unknown (`mib_text`). */
-export function mibText(mib: number | null): string {
+function mibText(mib: number | null): string {
   if (mib === null) {
     return '?';
   }

@@ -10,8 +10,8 @@ import React from 'react';
 
 import { StaleMark } from './age';
 import type { GpuModel } from './model';
-import { failureShort, problems } from './problems';
-import { errorShort, statusDetails, statusLine } from './words';
+import { problems } from './problems';
+import { errorShort, failureShort, statusDetails, statusLine } from './words';
 
 export const STATUS_ID = 'tfgpu-statusbar';
 
@@ -48,7 +48,7 @@ export class GpuStatus extends VDomRenderer<GpuModel> {
     const line = received
       ? [statusLine(trans, received.reply), ...errors.flatMap(error => (error ? [errorShort(trans, error.code)] : []))].join(' · ')
       : failure
-        ? failureShort(trans, failure)
+        ? failureShort(trans, failure.kind, failure.status)
         : '';
     const details = [
       ...(received ? statusDetails(trans, received.reply) : []),

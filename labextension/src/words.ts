@@ -24,7 +24,7 @@ import type {
 import { bytesText, directiveSize, gibPair, splitSize } from './sizes';
 
 /** The server extension's module, as `jupyter server extension enable` names it. */
-export const SERVER_EXTENSION = 'tfgpu_magic.serverext';
+const SERVER_EXTENSION = 'tfgpu_magic.serverext';
 /** How many characters of a GPU UUID a status shows (`GPU-8932f937`; tfgpu_magic/language/policy.py). */
 const SHORT_UUID = 'GPU-8932f937'.length;
 
@@ -74,7 +74,7 @@ function policyLimits(trans: TranslationBundle, policy: IPolicy): string | null 
 /** The policy's settings other than `visible`, as the magic's status phrases them (`describe_policy`):
  * `growth on`, `limit 2GB on GPU 0`, `split 0 2x1GB`, `split cpu into 2 logical devices`, `allocator
  * async`, `loglevel error`. */
-export function policySettings(trans: TranslationBundle, policy: IPolicy): string[] {
+function policySettings(trans: TranslationBundle, policy: IPolicy): string[] {
   const phrases: string[] = [];
   if (policy.growth !== null) {
     phrases.push(policy.growth ? trans.__('growth on') : trans.__('growth off'));
@@ -84,7 +84,7 @@ export function policySettings(trans: TranslationBundle, policy: IPolicy): strin
     phrases.push(limits);
   }
   for (const split of policy.splits) {
-    const gpu = isIndex(split.gpu) ? split.gpu : shortUuid(split.gpu);
+    const gpu = shortUuid(split.gpu); // an index is never long enough to be cut
     phrases.push(trans.__('split %1 %2', gpu, splitSize(split.bytes)));
   }
   if (policy.cpu_devices !== null) {
@@ -103,7 +103,7 @@ export function policySettings(trans: TranslationBundle, policy: IPolicy): strin
 
 /** `visible 0,1` (`visible none`, `visible 0, GPU-8932f937…`, `visible 0 (auto: freest first)`); null
  * where the policy leaves visibility to TensorFlow. */
-export function policyVisible(trans: TranslationBundle, policy: IPolicy): string | null {
+function policyVisible(trans: TranslationBundle, policy: IPolicy): string | null {
   if (policy.visible === null) {
     return null;
   }
@@ -131,7 +131,7 @@ export function tensorflowState(trans: TranslationBundle, state: TensorFlowState
 }
 
 /** Where TensorFlow was initialized, worded to follow "initialized": `by In [7]: model.fit(x, y)`. */
-export function initializedBy(trans: TranslationBundle, by: IInitializedBy): string {
+function initializedBy(trans: TranslationBundle, by: IInitializedBy): string {
   switch (by.where) {
     case 'cell':
       return trans.__('by In [%1]: %2', by.execution_count ?? '?', by.line ?? '');
@@ -216,7 +216,7 @@ export function pendingChange(trans: TranslationBundle, change: IPendingChange):
 
 /** The pending changes in their two groups, each titled: those only a restart can make, then those
  * `%tfgpu apply` still can. */
-export function pendingGroups(trans: TranslationBundle, pending: IPendingChange[]): { title: string; items: string[] }[] {
+function pendingGroups(trans: TranslationBundle, pending: IPendingChange[]): { title: string; items: string[] }[] {
   const groups = [
     { title: trans.__('Pending, needs a restart'), restart: true },
     { title: trans.__('Not applied yet (%tfgpu apply)'), restart: false }
@@ -363,51 +363,55 @@ export function frameworkMemory(
   return (['jax', 'torch'] as const).flatMap(name => (frameworks?.[name]?.memory ?? []).map(row => ({ name, row })));
 }
 
-/** What an error code of a reply means, and its fix. */
-export function errorText(trans: TranslationBundle, code: ErrorCode): IProblemText {
+/** An error code of a reply in words: a few for the status bar (`short`), what it means, its fix. */
+interface IErrorWords extends IProblemText {
+  short: string;
+}
+
+function errorWords(trans: TranslationBundle, code: ErrorCode): IErrorWords {
   switch (code) {
     case 'nvml_missing':
       return {
+        short: trans.__('NVML not installed'),
         what: trans.__("NVML is not installed for the Jupyter server's Python: no GPU figures."),
         fix: trans.__("Install it in the server's environment (pip install nvidia-ml-py), then restart JupyterLab.")
       };
     case 'no_driver':
       return {
+        short: trans.__('no NVIDIA driver'),
         what: trans.__('No NVIDIA driver on this machine: no GPU to show.'),
         fix: trans.__('On a GPU machine: install the driver, or start the container with its GPUs (docker run --gpus all).')
       };
     case 'nvml_failed':
       return {
+        short: trans.__('NVML did not start'),
         what: trans.__('NVML did not start: no GPU figures.'),
         fix: trans.__('Run %tfgpu doctor in a notebook to see why.')
       };
     case 'driver_not_answering':
       return {
+        short: trans.__('driver not answering'),
         what: trans.__('The NVIDIA driver is not answering: the figures are its last good ones.'),
         fix: trans.__('Run %tfgpu doctor in a notebook; nvidia-smi may hang too.')
       };
     case 'state_invalid':
       return {
+        short: trans.__('state file not ours'),
         what: trans.__("This kernel's tfgpu state file is not one tfgpu_magic wrote: its policy is not shown."),
         fix: trans.__('Restart the kernel; it writes the file anew.')
       };
   }
 }
 
+/** What an error code of a reply means, and its fix. */
+export function errorText(trans: TranslationBundle, code: ErrorCode): IProblemText {
+  const { what, fix } = errorWords(trans, code);
+  return { what, fix };
+}
+
 /** An error code in a few words, for the status bar: `no NVIDIA driver`. */
 export function errorShort(trans: TranslationBundle, code: ErrorCode): string {
-  switch (code) {
-    case 'nvml_missing':
-      return trans.__('NVML not installed');
-    case 'no_driver':
-      return trans.__('no NVIDIA driver');
-    case 'nvml_failed':
-      return trans.__('NVML did not start');
-    case 'driver_not_answering':
-      return trans.__('driver not answering');
-    case 'state_invalid':
-      return trans.__('state file not ours');
-  }
+  return errorWords(trans, code).short;
 }
 
 /** What a failed request means, and its fix. */
@@ -433,6 +437,22 @@ export function failureText(trans: TranslationBundle, kind: FailureKind, status:
         what: trans.__('The server extension does not know this kernel yet.'),
         fix: ''
       };
+  }
+}
+
+/** A failed request in a few words, for the status bar where there is nothing else to show. */
+export function failureShort(
+  trans: TranslationBundle,
+  kind: Exclude<FailureKind, 'unknown-kernel'>,
+  status: number | null
+): string {
+  switch (kind) {
+    case 'extension-missing':
+      return trans.__('GPU: server extension off');
+    case 'server-gone':
+      return trans.__('GPU: server not answering');
+    case 'failed':
+      return trans.__('GPU: request failed (HTTP %1)', status ?? '?');
   }
 }
 
@@ -479,7 +499,7 @@ export function idle(trans: TranslationBundle, seconds: number | null): string {
 }
 
 /** Which cards the kernel's status names: `GPU 0,1`, `all GPUs`, `no GPU`, `GPU ?`. */
-export function gpuLabel(trans: TranslationBundle, reply: IKernelReply): string {
+function gpuLabel(trans: TranslationBundle, reply: IKernelReply): string {
   if (reply.gpus.length === 0) {
     return reply.gpu_status.error && reply.gpus_from !== 'policy' ? trans.__('GPU ?') : trans.__('no GPU');
   }
@@ -490,7 +510,7 @@ export function gpuLabel(trans: TranslationBundle, reply: IKernelReply): string 
 }
 
 /** TensorFlow's state in the kernel: from its own record, else from its process (`kernelRef`). */
-export function kernelTensorflow(reply: IKernelReply): TensorFlowState | null {
+function kernelTensorflow(reply: IKernelReply): TensorFlowState | null {
   return reply.tensorflow?.state ?? reply.kernel.tensorflow;
 }
 

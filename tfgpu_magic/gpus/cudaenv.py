@@ -87,6 +87,12 @@ class Grant(NamedTuple):
         None without a grant (every card). What `who` and the sidebar mark."""
         return None if self.value is None else frozenset(card for card in self.cards if card is not None)
 
+    def gives(self, card: int) -> bool:
+        """Whether card `card` (nvidia-smi index) is this grant's to use: every card without a grant, or
+        where its entries cannot all be placed on cards (indices in CUDA's default order: nothing is
+        claimed)."""
+        return self.value is None or not self.placed or card in self.cards
+
     def words(self) -> str:
         """`this kernel was granted 1 GPU (CUDA_VISIBLE_DEVICES=2)`."""
         count = len(self.pins)
@@ -206,10 +212,7 @@ class GrantedCatalog:
         if whole_number(ref) is not None:
             return self.catalog.resolve(grant.pin(int(ref)))
         resolved = self.catalog.resolve(ref)
-        inventory = self.inventory
-        device = inventory.find(resolved) if inventory.available else None
-        card = next((gpu.index for gpu in inventory.gpus if device in (gpu, *gpu.mig_devices)), None)
-        if not grant.covers(resolved, card):
+        if not grant.covers(resolved, self.inventory.card_index(resolved)):
             raise PolicyError(f"{short_uuid(resolved)}: {grant.words()}, and this GPU is not among them")
         return resolved
 

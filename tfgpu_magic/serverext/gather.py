@@ -143,10 +143,8 @@ class Machine:
         return self.inventory.gpus if self.inventory is not None else ()
 
     def granted(self) -> set[int]:
-        """nvidia-smi indices of the cards within the grant: every card without one, or where its entries
-        cannot all be placed on cards (indices in CUDA's default order: nothing is claimed)."""
-        cards = self.grant.granted_cards() if self.grant.placed else None
-        return {gpu.index for gpu in self.gpus} if cards is None else set(cards)
+        """nvidia-smi indices of the cards within the grant (`Grant.gives`)."""
+        return {gpu.index for gpu in self.gpus if self.grant.gives(gpu.index)}
 
 
 def server_grant(inventory: Inventory) -> Grant:

@@ -34,7 +34,7 @@ from ..gpus import processes
 from ..gpus.inventory import Inventory, read_inventory
 from ..jupyter import kernelstate, persist
 from ..jupyter.sessions import KernelSession
-from .gather import (KEEP_FORMAT, KernelProcess, Machine, TensorFlowSeen, gpus_reply, kernel_reply, own_sessions,
+from .gather import (KEEP_FORMAT, KernelProcess, Machine, Owner, TensorFlowSeen, gpus_reply, kernel_reply, own_sessions,
                      owners, read_kernel, read_kernels, server_grant)
 
 SETTINGS_KEY = "tfgpu_readings"
@@ -131,6 +131,7 @@ class Readings:
         self.seen = TensorFlowSeen()
         self.nvml = Cached(self._read_machine, cache_seconds)
         self.kernels = Cached(self._read_kernels, cache_seconds)
+        self._owners: tuple[Machine, dict[str, KernelProcess], dict[int, Owner]] | None = None
 
     @property
     def runtime_dir(self) -> Path:
@@ -144,6 +145,16 @@ class Readings:
         manager = self.serverapp.kernel_manager
         pids = {model["id"]: started_pid(manager, model["id"]) for model in manager.list_kernels()}
         return await in_daemon_thread(read_kernels, pids, self.runtime_dir, self.seen)
+
+    async def owners(self, machine: Machine, kernels: dict[str, KernelProcess]) -> dict[int, Owner]:
+        """The owners of the other processes on the cards (`gather.owners`: /proc and the user database),
+        read in a thread once per NVML reading and read of the kernels, not once per request; none where
+        NVML's pids are the host's."""
+        if machine.host_pids:
+            return {}
+        if self._owners is None or self._owners[0] is not machine or self._owners[1] is not kernels:
+            self._owners = (machine, kernels, await in_daemon_thread(owners, machine.inventory, kernels))
+        return self._owners[2]
 
     async def sessions(self) -> dict[str, KernelSession]:
         """This server's kernels' notebooks and states, from its own models (never stale)."""
@@ -191,7 +202,7 @@ class GpusHandler(TFGPUHandler):
         started = time.perf_counter()
         machine, kernels = await asyncio.gather(self.readings.nvml.get(), self.readings.kernels.get())
         sessions = await self.readings.sessions()
-        others = owners(machine.inventory, kernels) if not machine.host_pids else {}
+        others = await self.readings.owners(machine, kernels)
         self.reply(gpus_reply(machine, kernels, others, sessions, datetime.now(timezone.utc)), started)
 
 

@@ -1,7 +1,7 @@
 """TensorFlow's runtime state, read without side effects: imported, initialized, devices listed or
 created, libcuda loaded; and what TensorFlow recorded of a logical configuration (`LogicalSpec`).
 
-The `tf.config` seam is `tf.configapi`, applying a plan `tf.apply`, the device-creating routes
+The `tf.config` seam and applying a plan through it are `tf.apply`, the device-creating routes
 `tf.routes`. Only the `tf` room imports TensorFlow.
 """
 

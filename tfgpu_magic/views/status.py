@@ -413,8 +413,7 @@ def no_gpus_text(inventory: Inventory) -> str | None:
 def outside_grant(gpu: Gpu, grant: Grant) -> str | None:
     """`not this kernel's to take: outside its grant (CUDA_VISIBLE_DEVICES=2)` for a card the grant
     does not give (only where every entry of the grant is placed); None for a card it may use."""
-    granted = grant.granted_cards()
-    if granted is None or not grant.placed or gpu.index in granted:
+    if grant.gives(gpu.index):
         return None
     return f"not this kernel's to take: outside its grant ({grant.setting()})"
 

@@ -9,7 +9,7 @@ from ..gpus.inventory import Inventory
 from ..holders import Holder, ShutDown, who
 from ..gpus.cudaenv import Grant
 from ..language.sizes import bytes_text, gib_pair
-from .status import outside_grant
+from .status import FRAMEWORK_LABELS, outside_grant
 
 NO_NVML = "GPU memory needs NVML"
 HOST_PIDS = ("This runs in a container with process ids of its own, and NVML names processes by the host's ids, "
@@ -21,8 +21,6 @@ UNSEEN_PIDS = ("NVML lists {pids}, which /proc here does not show: a process tha
                "other users' processes (hidepid), or a container whose process ids are not the host's (then "
                "`docker run --pid=host` or `hostPID: true` shows them).")
 """Where the pid namespace looks like the host's yet NVML's pids are not in /proc: a hint, not a finding."""
-FRAMEWORKS = {"jax": "JAX", "torch": "PyTorch"}
-"""How a kernel's other frameworks are named beside their own figure (`Holder.frameworks`)."""
 IDLE_HINT_SECONDS = 600.0
 """An own kernel idle this long while holding GPU memory gets a hint on how to shut it down."""
 
@@ -58,7 +56,7 @@ def _holder(row: Holder, gpu: int | None) -> str:
             parts.append(idle)
         if row.tensorflow is not None:
             parts.append("TensorFlow loaded" if row.tensorflow else "no TensorFlow")
-        parts += [f"{FRAMEWORKS[name]} {bytes_text(count)}" for name, count in row.frameworks]
+        parts += [f"{FRAMEWORK_LABELS[name]} {bytes_text(count)}" for name, count in row.frameworks]
         if row.placed:
             parts.append(row.placed)
     return "  " + " · ".join(parts) + ("   ← this kernel" if row.this else "")
