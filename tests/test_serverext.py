@@ -419,6 +419,22 @@ def test_a_published_state_is_trusted_only_from_the_process_running_that_kernel(
         _read(kernel_id, tmp_path)  # not waited on
 
 
+def test_a_python_without_jsonschema_refuses_a_state_it_cannot_check_in_one_line(
+        tmp_path: Path, lookalike_kernel: tuple[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel's Python reads its other kernels' states for `%tfgpu who`, and need not have jsonschema (the
+    server has it through jupyter_events): the state is refused as unchecked, never a traceback."""
+    kernel_id, pid = lookalike_kernel
+    _write_state(kernelstate.state_path(kernel_id, tmp_path), **valid_state(kernel_id, pid))
+    kernelstate._checked.clear()
+    kernelstate._validator.cache_clear()
+    monkeypatch.setitem(sys.modules, "jsonschema", None)  # importing it raises ImportError
+    try:
+        with pytest.raises(kernelstate.StateInvalid, match="^it cannot be checked here: jsonschema is not installed"):
+            _read(kernel_id, tmp_path)
+    finally:
+        kernelstate._validator.cache_clear()
+
+
 @pytest.mark.parametrize("name, hostile", HOSTILE_STATES, ids=[name for name, _ in HOSTILE_STATES])
 def test_a_hostile_state_file_is_refused_in_one_line(tmp_path: Path, lookalike_kernel: tuple[str, int], name: str,
                                                       hostile: Callable[[dict[str, Any]], str]) -> None:

@@ -250,7 +250,11 @@ def check(data: Any, kernel_id: str) -> dict[str, Any]:
         raise StateInvalid(f"not a JSON object but {type(data).__name__}")
     if data.get("format") != FORMAT:
         raise StateInvalid(f"format {str(data.get('format'))[:80]!r}, not {FORMAT!r}")
-    error = next(iter(_validator().iter_errors(data)), None)
+    try:
+        validator = _validator()
+    except ImportError:  # a kernel's Python (`%tfgpu who` reads its other kernels) may lack it
+        raise StateInvalid("it cannot be checked here: jsonschema is not installed for this Python") from None
+    error = next(iter(validator.iter_errors(data)), None)
     if error is not None:
         where = "/".join(map(str, error.absolute_path)) or "the record"
         raise StateInvalid(f"{where}: {error.message[:200]}")
