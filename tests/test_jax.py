@@ -406,3 +406,27 @@ def test_jax_imported_inside_tensorflow_import_gets_the_policy(keras_on_jax):
     assert keras_on_jax["env_after_tf"][XLA_CLIENT_MEM_FRACTION] == SHARE_2GB
     options = keras_on_jax["at_start"]["options"]
     assert "error" not in options and options["memory_fraction"] == float(SHARE_2GB), options
+
+
+def test_a_variable_jaxs_backends_read_waits_for_a_restart_though_tensorflow_found_no_gpu(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """TensorFlow initialized without a GPU never creates a GPU allocator, so `TF_GPU_ALLOCATOR` is not
+    locked by TensorFlow; but JAX's backends, started, read it too: `allocator async` then waits for a
+    restart, read when JAX's backends started (a controller on FakeTF, JAX's state as started)."""
+    from fake_tf import FakeTF
+
+    from tfgpu_magic.controller import Controller
+    from tfgpu_magic.frameworks import jax
+    from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog
+
+    environ: dict[str, str] = {}
+    fake = FakeTF(0, imported=True, environ=environ)
+    controller = Controller(api=fake, environ=environ, catalog=InventoryCatalog(Inventory(error="no NVML here")))
+    fake.initialize()
+    monkeypatch.setattr(jax, "state", lambda: jax.JaxState(imported=True, started=True, version="0.10.2"))
+    report = controller.edit([controller.parse("allocator async")])
+    assert [(change.device, change.why) for change in report.locked] == [(TF_GPU_ALLOCATOR, "jax_backends")]
+    assert TF_GPU_ALLOCATOR not in environ and report.applied == []
+    monkeypatch.setattr(jax, "state", lambda: jax.JaxState(imported=True, started=False, version="0.10.2"))
+    report = controller.edit([controller.parse("allocator async")])
+    assert report.locked == [] and environ[TF_GPU_ALLOCATOR] == "cuda_malloc_async"  # TensorFlow alone: set

@@ -487,13 +487,12 @@ class Controller:
 
     def _too_late(self, name: str, state: RuntimeState) -> str | None:
         """Why a change of variable `name` no longer takes effect (`runtime.too_late`), None while it
-        does. A variable read when TensorFlow creates a GPU allocator is never too late where TensorFlow
-        listed its devices and found no GPU: no allocator will be created in this process, so it is set
-        like any other (what this process starts inherits it) and never waits for a restart, which
-        would not help it."""
+        does. TensorFlow's allocator creation never comes where TensorFlow listed its devices and found no
+        GPU: a variable read then is set like any other (what this process starts inherits it) and never
+        waits for a restart, which would not help it, unless another reader (JAX's backends) read it."""
         why = too_late(name, state)
         if why == ALLOCATOR_CREATION.code and state.devices_listed and not self.api.devices("GPU"):
-            return None
+            return too_late(name, state, ignoring=(ALLOCATOR_CREATION.code,))
         return why
 
     def _sync_env(self, plan: Plan, state: RuntimeState) -> list[str]:

@@ -93,11 +93,13 @@ class RuntimeState(NamedTuple):
         return base
 
 
-def too_late(name: str, state: RuntimeState) -> str | None:
+def too_late(name: str, state: RuntimeState, ignoring: tuple[str, ...] = ()) -> str | None:
     """Why a change of environment variable `name` no longer takes effect (the moment's code, a
     `tf.apply.LockReason`), None while it still does (the table's read time against TensorFlow's
-    state). On a machine without GPUs the allocator variables are never read, and stay harmless."""
-    return next((moment.code for moment in envvars.read_at(name) if state.passed(moment)), None)
+    state), leaving out the moments `ignoring` names (their codes: moments that never come here). On a
+    machine without GPUs the allocator variables are never read, and stay harmless."""
+    return next((moment.code for moment in envvars.read_at(name)
+                 if moment.code not in ignoring and state.passed(moment)), None)
 
 
 _created_by: str | None = None
