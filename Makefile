@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# Test files run in parallel, each file whole in one worker (its servers, kernels and clusters are shared by its
+# tests): most of the suite waits on kernels, servers and browsers rather than on the 2 cores it was sized for.
+TEST_WORKERS ?= 3
 # Jupyter refuses to run as root without --allow-root; Docker GPU images (TensorFlow's among them) run as root.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
@@ -12,7 +15,7 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 DEMO_DIR := .demo
 DEMO_NOTEBOOK := quickstart.ipynb
 
-.PHONY: demo test bench bench-against soak screenshots clean
+.PHONY: demo test bench bench-against soak screenshots docs clean
 
 # The venv: the README's install (`pip install -e .`), with the extras the tests and the demo need. It builds the
 # JupyterLab extension when it is missing (hatch-jupyter-builder, see pyproject.toml) and enables both
@@ -40,8 +43,17 @@ $(DEMO_DIR)/$(DEMO_NOTEBOOK):
 demo: $(STAMP) $(LABEXT_BUILT) $(DEMO_DIR)/$(DEMO_NOTEBOOK)  ## set up and open JupyterLab on the quickstart notebook
 	$(BIN)/jupyter lab $(ALLOW_ROOT) --ServerApp.root_dir=$(DEMO_DIR) --LabApp.default_url=/lab/tree/$(DEMO_NOTEBOOK)
 
-test: $(STAMP) $(LABEXT_BUILT)  ## set up and run the whole test suite
-	$(BIN)/python -m pytest
+# The labextension's jest tests (labextension/src/__tests__) run on its npm packages, installed as the build hook
+# installs them (pyproject.toml), again after package.json or the lock changed.
+LABEXT_NPM := labextension/node_modules/.tfgpu-installed-stamp
+
+$(LABEXT_NPM): labextension/package.json labextension/package-lock.json
+	cd labextension && npm install --prefer-offline --no-save
+	touch $(LABEXT_NPM)
+
+test: $(STAMP) $(LABEXT_BUILT) $(LABEXT_NPM)  ## set up and run the whole test suite: the labextension's jest tests, then pytest
+	cd labextension && npm test
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10
 
 bench: $(STAMP)  ## speed figures, as ratios against baselines measured in the same run
 	$(BIN)/python benchmarks/run.py
@@ -56,7 +68,21 @@ soak: $(STAMP)  ## long runs: 100,000 fuzzed directive lines, 50 timed restart-a
 	TFGPU_RESTART_CYCLES=50 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_restart.py -k cycles
 
 screenshots: $(STAMP) $(LABEXT_BUILT)  ## refresh the screenshots in docs/ (tests never write there otherwise)
-	TFGPU_SCREENSHOTS=docs $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_browser.py tests/test_labextension.py
+	TFGPU_SCREENSHOTS=docs $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_browser.py tests/test_labextension.py tests/test_labext_history.py
+
+# The documentation site: docs/*.md through Sphinx and MyST into $(DOCS_OUT), with the docs extra installed into
+# the venv (the venv is made here when `make docs` comes first). Warnings are errors, and every page is read
+# again each time (-E), so a warning on a page that did not change still fails the build.
+DOCS_STAMP := $(VENV)/.docs-stamp
+DOCS_OUT := build/docs/html
+
+$(DOCS_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)  ## build the documentation site into build/docs/html, failing on any warning
+	$(BIN)/python -m sphinx -W --keep-going -E -q -b html docs $(DOCS_OUT)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache labextension/node_modules labextension/lib tfgpu_magic/labextension

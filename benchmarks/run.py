@@ -352,7 +352,7 @@ def tf_import_with_vs_without(bench: Bench) -> Row:
 
 
 def panel_vs_shell_start(bench: Bench) -> Row:
-    """First `Panel` built and displayed / the shell's own start (the issue sets no target; a panel
+    """First `Panel` built and displayed / the shell's own start (no target is set for it; a panel
     that costs more than a whole shell start would be noticed, hence 1.0)."""
     shells, panels = _vs_shell_start(bench, PANEL, "first panel display")
     return ratio_row("panel first display / shell start", [p["seconds"] for p in panels],

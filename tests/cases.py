@@ -140,7 +140,7 @@ def params(layer: str) -> list:
     ]
 
 
-# ----- hostile lines (issue 9 §7–§11): each must be one short UsageError that changes nothing -------
+# ----- hostile lines: each must be one short UsageError that changes nothing -------
 HUGE = "1" * 5000
 """More digits than Python's `int()` accepts from text (4,300): its ValueError must never escape."""
 

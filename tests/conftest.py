@@ -13,7 +13,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from shells import loaded_shell
 
 from tfgpu_magic.frameworks import jax, torch
-from tfgpu_magic.tf import importhook
+from tfgpu_magic.tf import quietimport
 
 KERAS_HOME = tempfile.mkdtemp(prefix="tfgpu-keras-home-")
 """Keras writes keras.json under KERAS_HOME (else ~/.keras) when imported: the tests' own, never the
@@ -26,7 +26,7 @@ atexit.register(shutil.rmtree, KERAS_HOME, ignore_errors=True)
 def shell(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InteractiveShell]:
     """The test IPython shell with the extension loaded (see `shells.loaded_shell`)."""
     yield loaded_shell(tmp_path_factory)
-    importhook.disarm()
+    quietimport.disarm()
 
 
 @pytest.fixture

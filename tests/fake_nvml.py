@@ -85,6 +85,9 @@ class FakeGpu:
     max_mig_slots: int = 7
     compute_capability: tuple[int, int] = (8, 0)
     """(major, minor) as `nvmlDeviceGetCudaComputeCapability` gives it (an A100 is 8.0)."""
+    minor: int | None = None
+    """N of its `/dev/nvidiaN`, as `nvmlDeviceGetMinorNumber` gives it (what Slurm's gres IDs name);
+    None: its place in the fake's list, as the driver numbers cards on most machines."""
     fail: dict[str, int] = field(default_factory=dict)
     """Function name → NVML error code raised for this GPU only."""
 
@@ -221,6 +224,12 @@ class FakeNvml:
     def nvmlDeviceGetCudaComputeCapability(self, handle: Handle) -> tuple[int, int]:
         self._enter("nvmlDeviceGetCudaComputeCapability", handle)
         return handle.gpu.compute_capability
+
+    def nvmlDeviceGetMinorNumber(self, handle: Handle) -> int:
+        self._enter("nvmlDeviceGetMinorNumber", handle)
+        if handle.mig is not None:  # a MIG instance has no device file of its own
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return handle.gpu.minor if handle.gpu.minor is not None else self.gpus.index(handle.gpu)
 
     def nvmlDeviceGetMigMode(self, handle: Handle) -> list[int]:
         self._enter("nvmlDeviceGetMigMode", handle)

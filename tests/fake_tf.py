@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, MutableMapping, Sequence
 
-from tfgpu_magic.tf.apply import Route
+from tfgpu_magic.tf.apply import LoggerSet, Route
 from tfgpu_magic.tf.runtime import ASYNC_ALLOCATOR, LIBCUDA_LOADED, LogicalSpec, RuntimeState, logical_entries
 
 PhysicalDevice = collections.namedtuple("PhysicalDevice", ["name", "device_type"])
@@ -414,14 +414,14 @@ class FakeTF:
     def record_devices_created(self, route: str) -> None:
         self._created_by = self._created_by or route
 
-    def set_loglevel(self, level: str | None) -> list[str]:
+    def set_loglevel(self, level: str | None) -> list[LoggerSet]:
         """The Python loggers' level (not a device setting, so not among `calls`)."""
         if not self.imported:
             raise SeamMisuse("TensorFlow's loggers set before TensorFlow was imported")
         if level == self.loglevel:
             return []
         self.loglevel = level
-        return [f"Python logger tensorflow: {level} and above" if level else "Python logger tensorflow: back to its own level"]
+        return [LoggerSet("tensorflow", level)]
 
     def devices(self, kind: str) -> list[PhysicalDevice]:
         return [d for d in self.list_devices() if d.device_type == kind]

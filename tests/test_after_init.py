@@ -1,9 +1,9 @@
-"""What `%tfgpu` says once TensorFlow's runtime is initialized, and the messages around it (issue 19 §2).
+"""What `%tfgpu` says once TensorFlow's runtime is initialized, and the messages around it.
 
 The session after initialization runs once, in a fresh process (real IPython shell, real TensorFlow CPU
-build, its own IPYTHONDIR): the policy of the issue (`limit 2GB`, `split cpu 2`), then a cell that
-starts with `%tfgpu` and initializes TensorFlow, then directives one cell each. Each test reads the
-exact text of one step. The rest (one message per cell, HTML, `%tfgpu?`, a four-GPU status) runs
+build, its own IPYTHONDIR): the policy of docs/applying.md's example (`limit 2GB`, `split cpu 2`), then
+a cell that starts with `%tfgpu` and initializes TensorFlow, then directives one cell each. Each test
+reads the exact text of one step. The rest (one message per cell, HTML, `%tfgpu?`, a four-GPU status) runs
 on the test shell with the fakes (tests/fake_tf.py, tests/fake_nvml.py); TensorFlow never enters pytest.
 """
 
@@ -26,7 +26,7 @@ from kernels import isolated_env, quiet_env, tensorflow_stays_out_of_pytest  # n
 
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog, Nvml, read_inventory
-from tfgpu_magic.tf import importhook
+from tfgpu_magic.tf import quietimport
 from tfgpu_magic.tf.runtime import NO_GPU
 from tfgpu_magic.views.magics import TFGPUMagics
 from tfgpu_magic.views.results import RestartOffer, StatusResult
@@ -101,7 +101,7 @@ WITH_JAX = "{sep}{action}XLA_PYTHON_CLIENT_PREALLOCATE{value}" if importlib.util
 tells JAX too: its variable comes after TensorFlow's in the same line."""
 
 
-# ----- §2.1: a setting TensorFlow has nothing to apply to is never "in force" --------------------------
+# ----- a setting TensorFlow has nothing to apply to is never "in force" --------------------------
 @pytest.mark.tensorflow
 def test_a_new_limit_without_a_gpu_says_what_it_means_not_already_in_force(after_init: dict) -> None:
     """Was: "Already in force." while `export json` showed 3072 MiB."""
@@ -111,11 +111,11 @@ def test_a_new_limit_without_a_gpu_says_what_it_means_not_already_in_force(after
     assert after_init["apply"] == f"{NO_GPU}: the policy's GPU settings have nothing to apply to here\n"  # was: in force
 
 
-# ----- §2.3: each directive shows what it changed, one line for the rest ---------------------------------
+# ----- each directive shows what it changed, one line for the rest ---------------------------------
 @pytest.mark.tensorflow
 def test_each_directive_after_initialization_names_only_its_own_change(after_init: dict) -> None:
     """Was: by the fourth directive 4 bullets (every pending change again) and 3 `Note:` lines. And
-    (issue 27 §5) `growth on` got a restart's advice for TF_FORCE_GPU_ALLOW_GROWTH, which no GPU
+    `growth on` got a restart's advice for TF_FORCE_GPU_ALLOW_GROWTH, which no GPU
     allocator of this process will read, beside "nothing to apply to here"; given again, it was
     "in force"."""
     assert after_init["growth"].splitlines() == [
@@ -137,7 +137,7 @@ def test_each_directive_after_initialization_names_only_its_own_change(after_ini
     assert pending == ["  - logical CPU devices: 2 logical devices → 3 logical devices"]
 
 
-# ----- §2.2: reset after initialization says which variable stays --------------------------------------
+# ----- reset after initialization says which variable stays --------------------------------------
 @pytest.mark.tensorflow
 def test_reset_after_initialization_says_the_variable_cuda_read_stays(after_init: dict) -> None:
     """Was: "No variable needed restoring." while CUDA_DEVICE_ORDER=PCI_BUS_ID stayed set and listed."""
@@ -152,7 +152,7 @@ def test_reset_after_initialization_says_the_variable_cuda_read_stays(after_init
     assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in status and f"  - {kept}" in status.split("Pending, needs a restart:")[1]
 
 
-# ----- §2.7 and §2.5: the initializing line, named; code in HTML ----------------------------------------
+# ----- the initializing line, named; code in HTML ----------------------------------------
 @pytest.mark.tensorflow
 def test_the_line_that_initialized_is_named_not_the_cells_first(after_init: dict) -> None:
     """The cell starts with `%tfgpu`, imports TensorFlow on its second line, and its fourth,
@@ -180,10 +180,10 @@ def test_html_of_every_result_has_no_backticks() -> None:
     assert "<code>%tfgpu doctor</code> says more" in html and "`" not in html
     offer = RestartOffer("Click the button, or run `%tfgpu restart --yes`.", lambda: "")
     assert offer.html() == "<pre>Click the button, or run <code>%tfgpu restart --yes</code>.</pre>"
-    importhook.disarm()
+    quietimport.disarm()
 
 
-# ----- §2.4: one "Recorded" per cell ---------------------------------------------------------------------
+# ----- one "Recorded" per cell ---------------------------------------------------------------------
 @pytest.fixture
 def private_magic(shell, capsys) -> Iterator[Callable[[str], str]]:
     """`%tfgpu` on the test shell over a controller of its own (an environment dict, no NVML); runs a
@@ -198,7 +198,7 @@ def private_magic(shell, capsys) -> Iterator[Callable[[str], str]]:
         return capsys.readouterr().out
 
     yield run
-    importhook.disarm()
+    quietimport.disarm()
     shell.register_magics(previous)
 
 
@@ -214,7 +214,7 @@ def test_a_cell_of_three_directives_says_recorded_once(private_magic) -> None:
         f"Applied: TF_CPP_MIN_LOG_LEVEL=2\n{RECORDED}\n")
 
 
-# ----- §2.6: `%tfgpu?` stands on its own ---------------------------------------------------------------
+# ----- `%tfgpu?` stands on its own ---------------------------------------------------------------
 def test_help_points_nowhere_and_says_more_on_the_directives_that_need_it(shell, capsys) -> None:
     """Was: "(below)" six times, with nothing below."""
     shell.run_line_magic("pinfo", "%tfgpu")
@@ -222,17 +222,17 @@ def test_help_points_nowhere_and_says_more_on_the_directives_that_need_it(shell,
     assert "below" not in out and "README" not in out
     more = out.split("More on some directives::", 1)[1].split("Options::", 1)[0]
     named = {line.split()[0] for line in more.splitlines() if line.startswith("  ") and not line.startswith("    ")}
-    assert named == {"restart", "panel", "doctor", "selftest", "memory", "who", "watch"}
+    assert named == {"restart", "panel", "doctor", "selftest", "memory", "who", "watch", "kernelspec"}
 
 
-# ----- §2.9: four GPUs by UUID within one screen width --------------------------------------------------
+# ----- four GPUs by UUID within one screen width --------------------------------------------------
 def four_gpu_status(*lines: str) -> tuple[str, str]:
     """The status text and HTML after `lines`, on the fake four-GPU machine, TensorFlow not imported."""
     inventory = read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False))))
     ctl = Controller(api=FakeTF(4, imported=False), environ={}, catalog=InventoryCatalog(inventory))
     for line in lines:
         ctl.edit([ctl.parse(line)])
-    importhook.disarm()
+    quietimport.disarm()
     result = StatusResult(snapshot(ctl))
     return result.text(), result.html()
 
@@ -261,7 +261,7 @@ def test_four_gpu_status_fits_one_screen_width(lines: tuple[str, ...]) -> None:
     assert max(len(line) for line in text.splitlines()) <= WIDTH, text
 
 
-# ----- §2.12: session_config() without TensorFlow --------------------------------------------------------
+# ----- session_config() without TensorFlow --------------------------------------------------------
 BLOCKERS = {
     "sys.modules entry": "sys.modules['tensorflow'] = None",
     "meta_path finder": textwrap.dedent("""\

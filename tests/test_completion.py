@@ -41,7 +41,7 @@ def complete(shell, text: str) -> list[str]:
         ("%tfgpu visible ", ["all", "auto", "none"]),
         ("%tfgpu split ", ["cpu", "off"]),
         ("%tfgpu restart --", ["--yes"]),
-        ("%tfgpu kernelspec mine --", ["--display-name", "--remove"]),
+        ("%tfgpu kernelspec mine --", ["--display-name", "--remove", "--slurm"]),
         ("%%tfgpu\ngrowth on\nli", ["limit"]),
         ("%%tfgpu\nallocator a", ["async"]),
     ],

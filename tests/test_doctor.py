@@ -26,7 +26,7 @@ from fake_nvml import NVML_ERROR_DRIVER_NOT_LOADED, UUIDS, FakeGpu, FakeNvml, Ol
 from tfgpu_magic.views import actions
 from tfgpu_magic.views import doctor as doctor_view
 from tfgpu_magic import doctor
-from tfgpu_magic.tf import importhook
+from tfgpu_magic.tf import quietimport
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.doctor import FAIL, INFO, OK, WARN, Machine
 from tfgpu_magic.gpus.inventory import Inventory, Nvml, driver_present, read_inventory
@@ -648,7 +648,7 @@ def magic(shell: InteractiveShell) -> Iterator[Controller]:
     try:
         yield controller
     finally:
-        importhook.disarm()
+        quietimport.disarm()
         if previous is not None:
             shell.register_magics(previous)
     assert "tensorflow" not in sys.modules
@@ -724,14 +724,14 @@ def test_inspect_machine_finds_the_binding_without_importing_it(monkeypatch: pyt
 def test_a_binary_runs_on_its_major_version_and_ptx_on_anything_newer(capability, covered) -> None:
     """CUDA's rules: an sm_XY binary runs on X.Y and later minors of X; PTX compute_XY on X.Y and newer."""
     archs = doctor.parse_architectures(['sm_60', 'sm_70', 'sm_80', 'sm_89', 'compute_90'])
-    assert doctor._covers(archs, capability) == covered
+    assert doctor.covers(archs, capability) == covered
 
 
 def test_an_arch_specific_binary_runs_only_on_its_own_card() -> None:
     """sm_90a kernels (Hopper-only instructions) run on 9.0 and nowhere else."""
     archs = doctor.parse_architectures(["sm_80", "sm_90a"])
     assert archs == [("sm", 8, 0, ""), ("sm", 9, 0, "a")]
-    assert doctor._covers(archs, (9, 0)) == "sm_90a" and doctor._covers(archs, (10, 0)) is None
+    assert doctor.covers(archs, (9, 0)) == "sm_90a" and doctor.covers(archs, (10, 0)) is None
 
 
 def test_parse_architectures_skips_what_it_cannot_read() -> None:

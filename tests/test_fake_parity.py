@@ -84,6 +84,8 @@ def _report(report: ApplyReport) -> dict[str, Any]:
     data["state"] = list(report.state)  # a NamedTuple: its values in field order
     for name in ("applied", "locked", "failed", "earlier"):
         data[name] = [status.item_text(item) for item in getattr(report, name)]
+    for name in ("notes", "absent"):
+        data[name] = [status.note_text(note) for note in getattr(report, name)]
     return data
 
 

@@ -16,13 +16,14 @@ import pytest
 
 from fake_tf import FakeTF, InForce, SeamMisuse, cuda_visible_ids, fake_uuid
 from tfgpu_magic import importhooks
-from tfgpu_magic.tf import importhook
+from tfgpu_magic.tf import quietimport
 from tfgpu_magic.views import status
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import Gpu, Inventory, InventoryCatalog
 from tfgpu_magic.plan import Plan
 from tfgpu_magic.tf.apply import ApplyReport, Change, Refusal, apply_plan
 from tfgpu_magic.tf.runtime import where
+from tfgpu_magic.views.status import note_text
 
 GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"
 STARTS = ("before import", "imported", "devices listed")
@@ -34,7 +35,7 @@ def clean_process():
     """Disarm the real import hook the controller arms; the fake path must never import TensorFlow."""
     had_tf = "tensorflow" in sys.modules
     yield
-    importhook.disarm()
+    quietimport.disarm()
     assert had_tf or "tensorflow" not in sys.modules, "a FakeTF test imported TensorFlow"
 
 
@@ -67,8 +68,8 @@ def worded(items: list[Change | Refusal | str], route: str | None = None) -> lis
 
 def import_tensorflow(fake: FakeTF) -> None:
     """`import tensorflow` with the controller's hook armed: TF loads, then the hook's callback runs."""
-    hook = next(f for f in sys.meta_path if importhooks.is_hook(f) and f.target == importhook.TARGET)
-    importhook.disarm()
+    hook = next(f for f in sys.meta_path if importhooks.is_hook(f) and f.target == quietimport.TARGET)
+    quietimport.disarm()
     fake.imported = True
     hook.callback()
 
@@ -293,7 +294,7 @@ def test_growth_with_limit_never_sets_growth_on_a_split_gpu(start: str, growth_f
     reports = [report for cell in cells for report in run_cell(fake, ctl, *cell)]
     assert all(report.failed == [] for report in reports)  # the fake raises on growth of a split GPU
     assert ctl.environ[GROWTH_ENV] == "true"
-    assert any(GROWTH_ENV in note for report in reports for note in report.notes)
+    assert any(GROWTH_ENV in note for report in reports for note in map(note_text, report.notes))
     growth_calls = [("set_growth", "GPU:0", True), ("set_growth", "GPU:1", True)] if growth_first else []
     assert setters(fake, "set_growth") == growth_calls
     assert [gpu.growth for gpu in fake.initialize().gpus] == [True, True]
@@ -313,19 +314,19 @@ def test_visible_subset_uses_env_until_cuda_starts(start: str, env_cvd: str | No
     reports = run_cell(fake, ctl, "visible 1,3")
     assert ctl.environ.get("CUDA_VISIBLE_DEVICES") == env_cvd
     assert setters(fake, "set_visible") == set_visible_calls
-    assert any("set_visible_devices" in note for report in reports for note in report.notes) == bool(set_visible_calls)
+    assert any("set_visible_devices" in note for report in reports for note in map(note_text, report.notes)) == bool(set_visible_calls)
 
 
 def test_policy_before_import_waits_for_the_import_hook() -> None:
     """Before import only the environment changes; the hook applies the rest right after import."""
     fake, ctl = session(2, "before import")
     report = edit(ctl, "growth on", "limit 1GB 1")
-    assert report.waiting and importhook.is_armed()
+    assert report.waiting and quietimport.is_armed()
     assert fake.calls == [] and ctl.environ[GROWTH_ENV] == "true"
     assert "when TensorFlow is imported" in status.describe_report(report)
     assert "not imported" in status.describe_status(ctl)
     import_tensorflow(fake)
-    assert not importhook.is_armed()
+    assert not quietimport.is_armed()
     assert fake.calls == [("set_logical", "GPU:1", (1024,))]
     assert ctl.last_report.ok and ctl.last_report.applied
 
@@ -478,7 +479,7 @@ def test_no_gpu_note_also_with_growth_and_cpu_split() -> None:
     environment) it says so too."""
     fake, ctl = session(0)
     report = edit(ctl, "growth on", "split cpu 2")
-    assert any("sees no GPU" in note for note in report.notes)
+    assert any("sees no GPU" in note for note in map(note_text, report.notes))
 
 
 # ----- routes that create GPU devices outside the eager context (GPU-only: decided by the fake) -------
@@ -507,7 +508,7 @@ def test_device_lib_gets_the_policy_and_the_state_says_devices_exist() -> None:
 
 
 def test_without_the_wrapper_device_lib_fixes_tf_defaults() -> None:
-    """GPU-only, decided by the fake (what issue 11 measured): devices created with the default
+    """GPU-only, decided by the fake (TensorFlow's rule as tests/fake_tf.py models it): devices created with the default
     config fix whole-card allocators; the eager context's limit is then ignored at initialization."""
     fake = FakeTF(2)
     fake.device_lib.list_local_devices()  # no policy installed: TensorFlow's default SessionOptions
@@ -657,7 +658,7 @@ def test_async_allocator_has_no_growth_and_soft_shared_limits() -> None:
     text = status.describe_status(ctl)
     assert "moot (cuda_malloc_async)" in text and "soft" in text
     assert "hard" not in text and "memory growth on" not in text
-    assert not any("TF_FORCE_GPU_ALLOW_GROWTH=true" in note for note in ctl.plan().notes)
+    assert not any("TF_FORCE_GPU_ALLOW_GROWTH=true" in note for note in map(note_text, ctl.plan().notes))
 
 
 def test_cuda_started_by_another_library_freezes_cuda_variables() -> None:
@@ -778,10 +779,10 @@ def test_growth_note_is_short_and_only_where_it_matters(lines: tuple[str, ...], 
     second apply of the same policy does not repeat it."""
     fake, ctl = session(1)
     report = edit(ctl, *lines)
-    growth_notes = [n for n in report.notes if GROWTH_ENV in n]
+    growth_notes = [n for n in map(note_text, report.notes) if GROWTH_ENV in n]
     assert growth_notes == ([] if note is None else [next(n for n in growth_notes if note in n)])
     assert all(len(n) <= 100 for n in growth_notes)
-    assert not any(GROWTH_ENV in n for n in ctl.apply().notes)
+    assert not any(GROWTH_ENV in n for n in map(note_text, ctl.apply().notes))
 
 
 ROUTE_IN_IPYTHON = """

@@ -443,7 +443,7 @@ def test_plain_lines_split_as_shlex_splits_them(line: str) -> None:
         assert any(c in line for c in "'\"\\#") or not all(c in string.printable and c not in "\x0b\x0c" for c in line)
 
 
-# ----- a limit as the user wrote it (issue 19 §2.9) ---------------------------------------------------
+# ----- a limit as the user wrote it --------------------------------------------------------------------
 def test_a_percentage_limit_is_shown_as_written_until_another_limit_replaces_it() -> None:
     """`limit 50%` keeps the MiB it applies and how it was written, per card; a later limit on a card,
     `limit off` on it, or a limit on every GPU drops the percentage of the cards it changes."""

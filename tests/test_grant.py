@@ -1,4 +1,4 @@
-"""The grant (issue 28 §1): the GPUs a process was started with (`CUDA_VISIBLE_DEVICES` inherited:
+"""The grant: the GPUs a process was started with (`CUDA_VISIBLE_DEVICES` inherited:
 indices, GPU UUIDs, MIG UUIDs) are all it may take. `visible auto[:N]` ranks only those, `visible N`
 counts within the grant as CUDA does, asking for more is one line, and the status marks the other
 cards as not this kernel's.
@@ -20,7 +20,7 @@ from tfgpu_magic.controller import Controller
 from tfgpu_magic.errors import PolicyError
 from tfgpu_magic.gpus.cudaenv import Grant, grant_of
 from tfgpu_magic.gpus.inventory import InventoryCatalog, Nvml, read_inventory
-from tfgpu_magic.tf import importhook
+from tfgpu_magic.tf import quietimport
 from tfgpu_magic.views.results import StatusResult
 from tfgpu_magic.views.status import snapshot
 
@@ -31,7 +31,7 @@ INVENTORY = read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False))))
 @pytest.fixture(autouse=True)
 def _disarm():
     yield
-    importhook.disarm()
+    quietimport.disarm()
     assert "tensorflow" not in sys.modules
 
 

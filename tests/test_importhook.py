@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 import pytest
 
 from tfgpu_magic import importhooks
-from tfgpu_magic.tf import importhook
+from tfgpu_magic.tf import quietimport
 
 PACKAGES = ("tensorflow", "fakekeras", "tfgpu_events", "user_code")
 FILES = {
@@ -50,7 +50,7 @@ def events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str
     import tfgpu_events
 
     yield tfgpu_events.log
-    importhook.disarm()
+    quietimport.disarm()
     _forget()
 
 
@@ -71,31 +71,31 @@ def hooks() -> int:
 
 def test_callback_runs_right_after_the_package_body(events: list[str]) -> None:
     """Before the importing code goes on: `import tensorflow` and the first op can share a cell."""
-    importhook.arm(recorder(events))
+    quietimport.arm(recorder(events))
     import user_code  # noqa: F401
 
     assert events == ["tensorflow body", "callback", "after import"]
 
 
 def test_submodule_import_runs_the_callback_before_the_submodule(events: list[str]) -> None:
-    importhook.arm(recorder(events))
+    quietimport.arm(recorder(events))
     importlib.import_module("tensorflow.sub")
     assert events == ["tensorflow body", "callback", "tensorflow.sub body"]
 
 
 def test_import_through_another_package(events: list[str]) -> None:
     """`import keras` pulls TensorFlow in: the callback runs there too, before keras goes on."""
-    importhook.arm(recorder(events))
+    quietimport.arm(recorder(events))
     import fakekeras  # noqa: F401
 
     assert events == ["tensorflow body", "callback", "keras body"]
 
 
 def test_hook_removes_itself_and_puts_the_loader_back(events: list[str]) -> None:
-    importhook.arm(recorder(events))
+    quietimport.arm(recorder(events))
     import tensorflow
 
-    assert not importhook.is_armed() and hooks() == 0
+    assert not quietimport.is_armed() and hooks() == 0
     assert "exec_module" not in vars(tensorflow.__spec__.loader)
     importlib.reload(tensorflow)  # a later load of the package runs no callback
     assert events == ["tensorflow body", "callback", "tensorflow body"]
@@ -103,9 +103,9 @@ def test_hook_removes_itself_and_puts_the_loader_back(events: list[str]) -> None
 
 def test_find_spec_leaves_the_hook_armed(events: list[str]) -> None:
     """Asking whether TensorFlow exists is not importing it."""
-    importhook.arm(recorder(events))
+    quietimport.arm(recorder(events))
     assert importlib.util.find_spec("tensorflow") is not None
-    assert importhook.is_armed() and events == []
+    assert quietimport.is_armed() and events == []
     import tensorflow  # noqa: F401
 
     assert events == ["tensorflow body", "callback"]
@@ -115,7 +115,7 @@ def test_failing_callback_warns_and_the_import_works(events: list[str]) -> None:
     def fail() -> None:
         raise RuntimeError("boom")
 
-    importhook.arm(fail)
+    quietimport.arm(fail)
     with pytest.warns(UserWarning, match="could not apply the GPU policy on `import tensorflow`: boom"):
         import tensorflow
     assert tensorflow.READY and events == ["tensorflow body"]
@@ -124,11 +124,11 @@ def test_failing_callback_warns_and_the_import_works(events: list[str]) -> None:
 def test_failed_import_keeps_the_hook_for_the_next_try(events: list[str]) -> None:
     import tfgpu_events
 
-    importhook.arm(recorder(events))
+    quietimport.arm(recorder(events))
     tfgpu_events.fail_body = True
     with pytest.raises(ImportError, match="broken TensorFlow"):
         import tensorflow  # noqa: F401
-    assert importhook.is_armed() and events == []
+    assert quietimport.is_armed() and events == []
     tfgpu_events.fail_body = False
     import tensorflow  # noqa: F401, F811
 
@@ -136,8 +136,8 @@ def test_failed_import_keeps_the_hook_for_the_next_try(events: list[str]) -> Non
 
 
 def test_arm_twice_keeps_one_hook(events: list[str]) -> None:
-    importhook.arm(recorder(events, "first"))
-    importhook.arm(recorder(events, "second"))
+    quietimport.arm(recorder(events, "first"))
+    quietimport.arm(recorder(events, "second"))
     assert hooks() == 1
     import tensorflow  # noqa: F401
 
@@ -148,16 +148,16 @@ def test_arm_twice_keeps_one_hook(events: list[str]) -> None:
 def reloaded() -> Iterator[None]:
     """`importlib.reload(importhooks)` for the test; every hook is removed after it."""
     yield
-    importhook.disarm()
+    quietimport.disarm()
     assert hooks() == 0
 
 
 def test_reload_then_arm_leaves_one_hook(events: list[str], reloaded: None) -> None:
     """A reload makes a new hook class; the hook of the old class must still be recognised, or two hooks
     wrap one loader and each finds the other (`RecursionError` on `import tensorflow`)."""
-    importhook.arm(recorder(events, "old"))
+    quietimport.arm(recorder(events, "old"))
     importlib.reload(importhooks)
-    importhook.arm(recorder(events, "new"))
+    quietimport.arm(recorder(events, "new"))
     assert hooks() == 1
     import tensorflow  # noqa: F401
 
@@ -165,15 +165,15 @@ def test_reload_then_arm_leaves_one_hook(events: list[str], reloaded: None) -> N
 
 
 def test_hook_from_before_a_reload_still_works_and_disarms(events: list[str], reloaded: None) -> None:
-    importhook.arm(recorder(events, "old"))
+    quietimport.arm(recorder(events, "old"))
     importlib.reload(importhooks)
-    assert importhook.is_armed()
+    assert quietimport.is_armed()
     import tensorflow  # noqa: F401
 
     assert events == ["tensorflow body", "old"] and hooks() == 0
-    importhook.arm(recorder(events, "again"))
+    quietimport.arm(recorder(events, "again"))
     importlib.reload(importhooks)
-    importhook.disarm()
+    quietimport.disarm()
     assert hooks() == 0
 
 
@@ -183,13 +183,13 @@ def quiet_error(events: list[str]) -> Iterator[list[str]]:
     import tfgpu_events
 
     tfgpu_events.speak = True
-    importhook.quiet("error")
+    quietimport.quiet("error")
     yield events
-    importhook.quiet(None)
+    quietimport.quiet(None)
 
 
 def test_quiet_import_drops_the_lines_below_the_level(quiet_error: list[str], capfd: pytest.CaptureFixture) -> None:
-    importhook.arm(recorder(quiet_error))
+    quietimport.arm(recorder(quiet_error))
     import tensorflow  # noqa: F401
 
     assert capfd.readouterr().err == "E0000 00:00:1.5 7 x.cc:1] boom\nmine\n"
@@ -201,7 +201,7 @@ def test_failed_quiet_import_filters_the_same_and_rearms(quiet_error: list[str],
     import tfgpu_events
 
     tfgpu_events.fail_body = True
-    importhook.arm(recorder(quiet_error))
+    quietimport.arm(recorder(quiet_error))
     with pytest.raises(ImportError):
         import tensorflow  # noqa: F401
-    assert capfd.readouterr().err == "E0000 00:00:1.5 7 x.cc:1] boom\nmine\n" and importhook.is_armed()
+    assert capfd.readouterr().err == "E0000 00:00:1.5 7 x.cc:1] boom\nmine\n" and quietimport.is_armed()

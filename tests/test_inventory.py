@@ -19,7 +19,7 @@ import pytest
 import fake_nvml
 import tfgpu_magic
 from fake_nvml import MIG_UUIDS, OTHER_PID, UUIDS, FakeGpu, FakeNvml, OlderBinding, four_gpus
-from tfgpu_magic.tf import importhook
+from tfgpu_magic.tf import quietimport
 from tfgpu_magic import doctor
 from tfgpu_magic.gpus import inventory as inventory_module
 from tfgpu_magic.controller import Controller
@@ -29,6 +29,7 @@ from tfgpu_magic.gpus.inventory import GpuProcess, Inventory, InventoryCatalog, 
 from tfgpu_magic.plan import build_plan, tf_index
 from tfgpu_magic.language.policy import Policy
 from tfgpu_magic.views.status import describe_gpus, describe_policy, describe_status, item_text
+from tfgpu_magic.views.status import note_text
 
 pynvml = importlib.import_module("pynvml") if importlib.util.find_spec("pynvml") else None
 needs_pynvml = pytest.mark.skipif(pynvml is None, reason="compares the fake with nvidia-ml-py, which is not installed")
@@ -246,6 +247,13 @@ def test_mig_devices_listed(inventory: Inventory) -> None:
     assert inventory.find(MIG_UUIDS[1][:8]) == MigDevice(MIG_UUIDS[1], 9856)
 
 
+def test_minor_numbers_are_read_per_card() -> None:
+    """N of each card's /dev/nvidiaN (what Slurm's gres IDs name), not its nvidia-smi index."""
+    gpus = four_gpus()
+    gpus[0].minor, gpus[2].minor = 2, 0
+    assert [gpu.minor for gpu in read(FakeNvml(gpus)).gpus] == [2, 1, 0, 3]
+
+
 def test_mig_capable_but_disabled_lists_none() -> None:
     """A MIG-capable card with MIG off (mode [0, 0]) has no instances even if slots are configured."""
     gpu = FakeGpu(UUIDS[0], mig=[fake_nvml.FakeMig(MIG_UUIDS[0], 9856)], mig_enabled=False)
@@ -264,6 +272,7 @@ UNKNOWN_FIELDS = [
     ("nvmlDeviceGetMigMode", lambda inv: {g.mig_devices for g in inv.gpus}, {()}),
     ("nvmlDeviceGetMigDeviceHandleByIndex", lambda inv: inv.gpus[3].mig_devices, ()),
     ("nvmlSystemGetDriverVersion", lambda inv: inv.driver_version, None),
+    ("nvmlDeviceGetMinorNumber", lambda inv: {g.minor for g in inv.gpus}, {None}),
 ]
 
 
@@ -547,7 +556,7 @@ def test_uuid_and_index_map_to_one_tf_index(catalog, visible, ref: str, index: i
 def test_without_aliases_a_uuid_is_unresolved() -> None:
     """No inventory: a UUID limit over index-visible GPUs cannot be placed, and a note says why."""
     plan = build_plan(Policy(visible=("0", "2"), limits=((UUIDS[2], 1024),)))
-    assert plan.unresolved == (UUIDS[2],) and "a UUID needs the GPU inventory" in plan.notes[-1]
+    assert plan.unresolved == (UUIDS[2],) and "a UUID needs the GPU inventory" in note_text(plan.notes[-1])
 
 
 # ----- the controller end to end ----------------------------------------------------------------
@@ -557,7 +566,7 @@ def controller():  # noqa: ANN201
     TensorFlow is not imported."""
     ctl = Controller(environ={}, catalog=InventoryCatalog(read(FakeNvml(four_gpus(this_kernel=False)))))
     yield ctl
-    importhook.disarm()
+    quietimport.disarm()
     assert "tensorflow" not in sys.modules
 
 
@@ -568,7 +577,7 @@ def edit(ctl: Controller, line: str):  # noqa: ANN201
 def test_controller_visible_auto_then_limits(controller: Controller) -> None:
     """`visible auto:2` pins UUIDs in CUDA_VISIBLE_DEVICES; limits by prefix or index land on TF's numbers."""
     report = edit(controller, "visible auto:2")
-    assert report.waiting and importhook.is_armed()
+    assert report.waiting and quietimport.is_armed()
     assert controller.environ == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": f"{UUIDS[2]},{UUIDS[1]}"}
     edit(controller, "limit 25% gpu-b1")
     edit(controller, "limit 1GB 2")
@@ -594,8 +603,8 @@ def test_this_process_on_a_gpu_means_cuda_variables_are_too_late(catalog: Invent
     report = edit(ctl, "visible 0,2")
     assert ctl.environ == {} and report.locked == []
     assert item_text(report.applied[0]) == "visible GPUs: GPU:0, GPU:1, GPU:2, GPU:3 → GPU:0, GPU:2"
-    assert any("set_visible_devices" in note for note in report.notes)
-    importhook.disarm()
+    assert any("set_visible_devices" in note for note in map(note_text, report.notes))
+    quietimport.disarm()
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""One policy for JAX and Keras 3 too (issue 29 §1, §2), in real ipykernel kernels with real JAX (CPU build),
+"""One policy for JAX and Keras 3 too, in real ipykernel kernels with real JAX (CPU build),
 real TensorFlow (CPU build) and real Keras 3; TensorFlow, JAX and Keras never enter pytest.
 
 Each directive (growth, limit, allocator, visible) meets JAX at each moment: before `import jax`, after

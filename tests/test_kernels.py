@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.kernel, pytest.mark.tensorflow]
 
 CPU_COUNT = "len(__import__('tensorflow').config.list_logical_devices('CPU'))"
 POLICY = "__import__('tfgpu_magic').current_policy().to_dict()"
-HOOK_ARMED = "__import__('tfgpu_magic.tf.importhook').tf.importhook.is_armed()"
+HOOK_ARMED = "__import__('tfgpu_magic.tf.quietimport').tf.quietimport.is_armed()"
 ENV_PROBE = "{k: __import__('os').environ.get(k) for k in __import__('tfgpu_magic.envvars').envvars.NAMES}"
 
 EMPTY_POLICY = {"visible": None, "growth": None, "limits": {}, "splits": {}, "cpu_devices": None, "allocator": None,
@@ -226,6 +226,6 @@ def test_cell_applies_every_line(cell_kernel):
     }
     assert cell_kernel.ok(f"import tensorflow as tf\ntf.constant(1)\nprint({CPU_COUNT})").stdout.strip() == "2"
     again = cell_kernel.ok(GOOD_CELL)
-    # the CPU build has no GPU: its GPU settings are never "in force" (issue 27 §5), and nothing waits for a restart
+    # the CPU build has no GPU: its GPU settings are never "in force" (nothing reads them), and nothing waits for a restart
     assert "`growth on` and `allocator async` have nothing to apply to here" in again.stdout
     assert "Already in force" not in again.stdout and "restart" not in again.stdout.lower()

@@ -1,10 +1,9 @@
 """The other frameworks of a kernel (JAX, PyTorch, Keras's backend) in the JupyterLab extension, from
 what the kernel publishes (`$defs/frameworks` of tfgpu_magic/jupyter/tfgpu-state.schema.json).
 
-First, without a browser: the TypeScript types of labextension/src/api.ts name the same fields, the
-same nullability and the same enums as the schema, so the two cannot drift apart silently.
+(The browser's types are generated from the schema: tests/test_contract.py fails while they are stale.)
 
-Then one JupyterLab (test_labextension.py's setup: the server's NVML is the four fake cards) and one
+One JupyterLab (test_labextension.py's setup: the server's NVML is the four fake cards) and one
 page, in order: a notebook whose kernel (tests/fake_gpu_kernel.py: the same four cards in the kernel)
 loads tfgpu_magic shows no framework section; its next cell starts real JAX's backends on two CPU
 devices with `KERAS_BACKEND=jax`, then `%tfgpu growth on` can no longer reach JAX. The sidebar shows
@@ -26,7 +25,6 @@ import contextlib
 import copy
 import json
 import re
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -38,14 +36,11 @@ from test_labextension import Lab, Page, jupyterlab, lab_env, lab_url, open_page
 from test_serverext import conforms, write_fake_gpu_server_config
 
 from tfgpu_magic.frameworks import FrameworkView
-from tfgpu_magic.jupyter.kernelstate import SCHEMA
 from tfgpu_magic.language.sizes import MIB
 from tfgpu_magic.tf.apply import Change
 from tfgpu_magic.views.figures import framework_lines
 from tfgpu_magic.views.status import change_text, framework_rows
 
-ROOT = Path(__file__).resolve().parents[1]
-API = ROOT / "labextension" / "src" / "api.ts"
 NOTEBOOK = "jax.ipynb"
 JAX_CELL = """import os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
@@ -83,63 +78,6 @@ POOL_LIMIT = int(0.75 * 80 * 1024) * MIB
 GIB = 1024 * MIB
 
 pytestmark = pytest.mark.kernel
-
-
-# ----- api.ts against the schema ---------------------------------------------------------------------
-def schema_defs() -> dict[str, Any]:
-    return json.loads(SCHEMA.read_text(encoding="utf-8"))["$defs"]
-
-
-def ts_union(text: str, name: str) -> list[str]:
-    """The string literals of `export type <name> = 'a' | 'b';` in api.ts."""
-    found = re.search(rf"^export type {name} =(.*?);", text, re.M | re.S)
-    assert found, f"api.ts has no type {name}"
-    return re.findall(r"'([^']*)'", found.group(1))
-
-
-def ts_fields(text: str, name: str) -> dict[str, str]:
-    """Field → TypeScript type of `export interface <name> { ... }` in api.ts (`?` kept on optional names)."""
-    found = re.search(rf"^export interface {name} {{\n(.*?)^}}", text, re.M | re.S)
-    assert found, f"api.ts has no interface {name}"
-    body = re.sub(r"/\*.*?\*/", "", found.group(1), flags=re.S)
-    fields = re.findall(r"^\s*(\w+)(\??):\s*([^;]+);", body, re.M)
-    return {field + optional: kind.strip() for field, optional, kind in fields}
-
-
-def nullable(spec: dict[str, Any]) -> bool:
-    kinds = spec.get("type", [])
-    return "null" in (kinds if isinstance(kinds, list) else [kinds]) or {"type": "null"} in spec.get("oneOf", [])
-
-
-def assert_matches(text: str, interface: str, spec: dict[str, Any]) -> None:
-    """`interface` has the properties of object schema `spec`, all required, null where `spec` allows it."""
-    fields = ts_fields(text, interface)
-    assert set(fields) == set(spec["properties"]) == set(spec["required"]), (interface, sorted(fields))
-    for field, kind in fields.items():
-        assert ("null" in kind.split(" | ")) == nullable(spec["properties"][field]), (interface, field, kind)
-
-
-def test_the_typescript_types_name_what_the_schema_names() -> None:
-    text = API.read_text(encoding="utf-8")
-    defs = schema_defs()
-    assert ts_union(text, "LockReason") == defs["lockReason"]["enum"]
-    framework = defs["framework"]["properties"]
-    keras = defs["frameworks"]["properties"]["keras"]["oneOf"][1]
-    assert ts_union(text, "FrameworkState") == framework["state"]["enum"]
-    assert ts_union(text, "KerasBackendSource") == keras["properties"]["source"]["enum"]
-    assert_matches(text, "IFrameworks", defs["frameworks"])
-    assert_matches(text, "IFramework", defs["framework"])
-    assert_matches(text, "IFrameworkVariable", framework["variables"]["items"])
-    assert_matches(text, "IFrameworkFraction", framework["fractions"]["items"])
-    assert_matches(text, "IFrameworkMemory", framework["memory"]["items"])
-    assert_matches(text, "IKeras", keras)
-    assert_matches(text, "IKernelReply", defs["kernelReply"])
-    kinds = {name: list(ts_fields(text, name).values()) for name in ("IFrameworks", "IFramework")}
-    assert kinds == {"IFrameworks": ["IFramework | null", "IFramework | null", "IKeras | null"],
-                     "IFramework": ["FrameworkState", "string | null", "IFrameworkVariable[]", "IFrameworkFraction[]",
-                                    "IFrameworkMemory[]"]}
-    assert ts_fields(text, "IKernelReply")["frameworks"] == "IFrameworks | null"
-    assert ts_fields(text, "IPendingChange")["why"] == "LockReason | null"
 
 
 # ----- the page ----------------------------------------------------------------------------------------

@@ -47,6 +47,8 @@ from tfgpu_magic.language.directives import describe_policy
 from tfgpu_magic.language.policy import Policy
 from tfgpu_magic.language.sizes import MIB, bytes_text, gib_pair
 from tfgpu_magic.language.words import ALL_GPUS
+from tfgpu_magic.serverext.gather import GPUS_FORMAT, KERNEL_FORMAT
+from tfgpu_magic.serverext.history import SAMPLE_SECONDS, empty_reply
 
 pytestmark = pytest.mark.kernel
 
@@ -67,7 +69,7 @@ OTHER_KERNEL = "notpython"
 POLL_S = 3.0
 """The front end's default refresh rate (labextension/schema/plugin.json `refreshRate`)."""
 FAILING_CAP = 6
-"""At most this many requests a minute while the server does not answer (the issue's figure)."""
+"""At most this many requests a minute while the server does not answer (model.ts, FAILING_BUDGET)."""
 CPU_COUNT = "len(__import__('tensorflow').config.list_logical_devices('CPU'))"
 GIB = 1024
 TIE_MIB = 2304
@@ -392,7 +394,7 @@ def test_a_click_opens_the_sidebar_with_a_card_per_gpu_and_this_notebook_marked(
     assert figures == [f"{python_pair(gpu['memory_used'], gpu['memory_total'])} · {gpu['utilization']}% busy"
                        for gpu in gpus[:2]]
     assert figures == ["20.0 / 80 GiB · 50% busy", "3.0 / 80 GiB · 30% busy"]  # 1 GiB + this 2 GiB on GPU 1
-    this = cards.nth(1).locator(".tfgpu-this")
+    this = cards.nth(1).locator(".tfgpu-this .tfgpu-process-text")  # the row, without its chart (test_labext_history.py)
     own = bytes_text(2 * GIB * MIB)
     assert re.fullmatch(rf"{re.escape(NOTEBOOK)} · {re.escape(own)} · idle \d+[smh]\S* · TF initialized ← this notebook",
                         this.inner_text().strip()), this.inner_text()
@@ -571,7 +573,8 @@ def test_a_server_gone_is_said_and_the_figures_kept_stale(page: Page, shots: Pat
 
 
 MIN_POLL_S = 2.0
-"""The shortest gap between two poll rounds the issue allows ("every 2-5 s")."""
+"""The shortest gap this test accepts between two poll rounds at the default refresh (`POLL_S`): every few
+seconds, never a burst."""
 
 
 def polls_in(page: Page, seconds: float) -> list[float]:
@@ -746,7 +749,7 @@ WORDED_POLICY = Policy(
 def worded_kernel_reply(kernel_id: str, pid: int) -> dict[str, Any]:
     """`$defs/kernelReply` for `WORDED_POLICY`, TensorFlow initialized by cell 7, two pending changes."""
     return conforms({
-        "format": "tfgpu_magic/kernel/2",
+        "format": KERNEL_FORMAT,
         "kernel": {"kernel_id": kernel_id, "notebook": SLEEPER, "execution_state": "idle", "idle_seconds": 5.0,
                    "tensorflow": "initialized"},
         "pid": pid, "published": True, "policy": policy_record(WORDED_POLICY),
@@ -761,7 +764,7 @@ def worded_kernel_reply(kernel_id: str, pid: int) -> dict[str, Any]:
         ],
         "restart_needed": True, "keep": True, "gpus_from": "policy", "gpus": [],
         "gpu_status": {"error": None, "stale_seconds": None, "host_pids": False}, "error": None,
-        "frameworks": None,
+        "frameworks": None, "history": empty_reply(None, SAMPLE_SECONDS),
     }, "kernelReply")
 
 
@@ -781,11 +784,12 @@ def test_the_browser_words_a_policy_as_the_magic_does(sleeper: Sleeper) -> None:
 
 
 def test_a_failed_store_says_so_and_restarts_nothing(sleeper: Sleeper) -> None:
-    """The server refuses to keep the policy (409, as for a state file it cannot use): an error dialog,
-    and the kernel is not restarted."""
+    """The server refuses to keep the policy (409, as for a state file it cannot use), its body the schema's
+    `$defs/error`: an error dialog wording its code (the server's English after it), and the kernel is not
+    restarted."""
     sleeper.kernel.ok("%load_ext tfgpu_magic\n%tfgpu growth on")
     sleeper.page.status_says("growth on")
-    refused = json.dumps({"message": "the policy could not be kept: disk full"})
+    refused = json.dumps(conforms({"code": "keep_failed", "message": "the policy could not be kept: disk full"}, "error"))
 
     def keep_refused(route: Any) -> None:
         if route.request.method == "POST" and urlsplit(route.request.url).path.endswith("/keep"):
@@ -798,7 +802,8 @@ def test_a_failed_store_says_so_and_restarts_nothing(sleeper: Sleeper) -> None:
         accept_dialog(sleeper.page.page, "Restart Kernel?")
         error = sleeper.page.page.locator(".jp-Dialog", has_text="GPU policy not kept; the kernel was not restarted")
         error.wait_for(state="visible")
-        assert "disk full" in error.inner_text()
+        assert "The server could not store the GPU policy for the new kernel." in error.inner_text()
+        assert "Server: the policy could not be kept: disk full" in error.inner_text()
         error.locator(".jp-Dialog-button").click()  # its one button, "Close"
     assert sleeper.kernel.pid() == sleeper.pid and sleeper.lab.pending_files() == []
 
@@ -926,11 +931,11 @@ def card(index: int, **fields: Any) -> dict[str, Any]:
 
 
 STATES_THIS_MACHINE_CANNOT_MAKE = {
-    "nvml_missing": {"format": "tfgpu_magic/gpus/2", "gpus": [],
+    "nvml_missing": {"format": GPUS_FORMAT, "gpus": [],
                      "gpu_status": {"error": {"code": "nvml_missing", "message": "no pynvml"},
                                     "stale_seconds": None, "host_pids": False}},
     "driver_not_answering": {
-        "format": "tfgpu_magic/gpus/2",
+        "format": GPUS_FORMAT,
         "gpus": [card(0), card(1, granted=False, processes=[
             {"pid": 31337, "gpu_memory": 3 * GIB * MIB, "memory_source": "tensorflow", "mine": True, "user": "me",
              "kernel": {"kernel_id": "k1", "notebook": "train.ipynb", "execution_state": "busy", "idle_seconds": 0,

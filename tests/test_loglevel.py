@@ -33,7 +33,7 @@ from servers import wait_until
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.language.policy import Policy
 from tfgpu_magic import envvars
-from tfgpu_magic.tf import importhook
+from tfgpu_magic.tf import quietimport
 from tfgpu_magic.envvars import TF_CPP_MIN_LOG_LEVEL
 from tfgpu_magic.tf.export import export
 from tfgpu_magic.plan import build_plan
@@ -43,7 +43,7 @@ from tfgpu_magic.views.status import item_text
 TIMEOUT = 120
 
 # Lines as tensorflow-cpu 2.21 wrote them to stderr here (import, then ops logging through C++).
-PREAMBLE = importhook.PREAMBLE + "\n"
+PREAMBLE = quietimport.PREAMBLE + "\n"
 INFO = ("I0000 00:00:1796114086.366015    3831 port.cc:153] oneDNN custom operations are on. You may see "
         "slightly different numerical results.\n")
 INFO_CONTINUED = "To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild TensorFlow.\n"
@@ -56,7 +56,7 @@ USER = "my own line: I0000 is not at the start\n"
 
 
 def kept(level: str, *lines: str) -> str:
-    return importhook.keep_lines("".join(lines).encode(), level).decode()
+    return quietimport.keep_lines("".join(lines).encode(), level).decode()
 
 
 # ----- the table -------------------------------------------------------------------------------------
@@ -108,18 +108,18 @@ def test_exports_carry_the_loglevel():
 @pytest.fixture
 def no_quiet() -> Iterator[None]:
     yield
-    importhook.quiet(None)
-    importhook.disarm()
+    quietimport.quiet(None)
+    quietimport.disarm()
 
 
 def test_before_import_the_environment_and_the_quiet_import_follow_the_policy(no_quiet):
     environ = {TF_CPP_MIN_LOG_LEVEL: "3"}
     controller = Controller(api=FakeTF(imported=False), environ=environ)
     report = controller.set_policy(Policy(loglevel="error"))
-    assert report.ok and report.applied == ["TF_CPP_MIN_LOG_LEVEL=2"]
-    assert environ == {TF_CPP_MIN_LOG_LEVEL: "2"} and importhook._quiet_level == "error"
+    assert report.ok and [item_text(item) for item in report.applied] == ["TF_CPP_MIN_LOG_LEVEL=2"]
+    assert environ == {TF_CPP_MIN_LOG_LEVEL: "2"} and quietimport._quiet_level == "error"
     controller.set_policy(Policy())
-    assert environ == {TF_CPP_MIN_LOG_LEVEL: "3"} and importhook._quiet_level is None  # the user's own again
+    assert environ == {TF_CPP_MIN_LOG_LEVEL: "3"} and quietimport._quiet_level is None  # the user's own again
 
 
 def test_after_import_the_cpp_level_is_locked_and_the_python_loggers_still_apply(no_quiet):
@@ -127,7 +127,7 @@ def test_after_import_the_cpp_level_is_locked_and_the_python_loggers_still_apply
     controller = Controller(api=fake, environ={})
     report = controller.set_policy(Policy(loglevel="error"))
     assert [item_text(item) for item in report.locked] == ["TF_CPP_MIN_LOG_LEVEL: unset → 2 (read when TensorFlow was imported)"]
-    assert "Python logger tensorflow: error and above" in report.applied and fake.loglevel == "error"
+    assert "Python logger tensorflow: error and above" in map(item_text, report.applied) and fake.loglevel == "error"
     assert controller.environ == {}
     report = controller.set_policy(Policy())
     assert report.ok and fake.loglevel is None
@@ -143,11 +143,11 @@ def test_error_keeps_errors_and_everything_that_is_not_a_log_line():
 
 def test_a_line_without_newline_and_bad_bytes_survive():
     data = b"\xff\xfe not utf-8\n" + ERROR.encode() + b"partial"
-    assert importhook.keep_lines(data, "error") == data
+    assert quietimport.keep_lines(data, "error") == data
 
 
 def test_filtered_stderr_drops_low_lines_written_to_fd_2(capfd):
-    with importhook.filtered_stderr("error"):
+    with quietimport.filtered_stderr("error"):
         os.write(2, (PREAMBLE + INFO + ERROR + USER).encode())
         print("python's own", file=sys.stderr)  # pytest's sys.stderr is no fd 2 here: never held back
     err = capfd.readouterr().err
@@ -156,7 +156,7 @@ def test_filtered_stderr_drops_low_lines_written_to_fd_2(capfd):
 
 def test_lines_reach_stderr_while_the_block_still_runs(capfd):
     """Streamed, not held until the block ends: an import that never returns loses nothing."""
-    with importhook.filtered_stderr("error"):
+    with quietimport.filtered_stderr("error"):
         os.write(2, (INFO + ERROR).encode())
         shown = wait_until(lambda: capfd.readouterr().err, 20, "the error line on stderr")
     assert shown == ERROR
@@ -164,7 +164,7 @@ def test_lines_reach_stderr_while_the_block_still_runs(capfd):
 
 def test_filtered_stderr_filters_the_same_when_the_block_fails(capfd):
     """Line by line however the block ends: the error line shows, the info line does not, fd 2 is back."""
-    with pytest.raises(ImportError), importhook.filtered_stderr("error"):
+    with pytest.raises(ImportError), quietimport.filtered_stderr("error"):
         os.write(2, (INFO + ERROR).encode())
         raise ImportError("broken")
     assert capfd.readouterr().err == ERROR
@@ -181,8 +181,8 @@ def test_an_interrupt_during_the_restore_still_restores_fd_2(capfd, monkeypatch)
         if len(calls) == 2:  # the flush as the block ends
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(importhook, "_flush_stderr", flush)
-    with pytest.raises(KeyboardInterrupt), importhook.filtered_stderr("error"):
+    monkeypatch.setattr(quietimport, "_flush_stderr", flush)
+    with pytest.raises(KeyboardInterrupt), quietimport.filtered_stderr("error"):
         os.write(2, ERROR.encode())
     assert len(calls) == 2
     os.write(2, b"fd 2 is back\n")
@@ -191,8 +191,8 @@ def test_an_interrupt_during_the_restore_still_restores_fd_2(capfd, monkeypatch)
 
 def test_quiet_only_for_levels_above_info(no_quiet):
     for level, expected in [("debug", None), ("info", None), ("warning", "warning"), ("error", "error"), (None, None)]:
-        importhook.quiet(level)
-        assert importhook._quiet_level == expected
+        quietimport.quiet(level)
+        assert quietimport._quiet_level == expected
 
 
 # ----- real TensorFlow in a fresh process ------------------------------------------------------------
@@ -265,8 +265,8 @@ def normal(lines: Iterable[str]) -> list[str]:
 
 def at_least(level: str, lines: Iterable[str]) -> list[str]:
     """The log lines of `lines` at `level` or above."""
-    floor = importhook.SEVERITIES.index(level)
-    return [line for line in lines if (found := importhook.severity(line)) and importhook.SEVERITIES.index(found) >= floor]
+    floor = quietimport.SEVERITIES.index(level)
+    return [line for line in lines if (found := quietimport.severity(line)) and quietimport.SEVERITIES.index(found) >= floor]
 
 
 @pytest.mark.tensorflow
@@ -278,9 +278,9 @@ def test_a_quiet_level_shows_every_line_at_or_above_it_and_nothing_below(cpu: st
     line one the baseline has too (the user's own, continuation lines)."""
     baseline, quiet = tf_run(cpu, None), tf_run(cpu, level)
     assert normal(at_least(level, quiet)) == normal(at_least(level, baseline))
-    below = [line for line in quiet if importhook.severity(line) not in (None, *importhook.SEVERITIES[
-        importhook.SEVERITIES.index(level):])]
-    assert below == [] and importhook.PREAMBLE not in quiet
+    below = [line for line in quiet if quietimport.severity(line) not in (None, *quietimport.SEVERITIES[
+        quietimport.SEVERITIES.index(level):])]
+    assert below == [] and quietimport.PREAMBLE not in quiet
     assert set(normal(quiet)) <= set(normal(baseline))
     assert [line for line in quiet if line in USER_LINES] == USER_LINES
 

@@ -22,7 +22,7 @@ import tfgpu_magic.controller
 from cases import HASH_IN_WORD, HOSTILE, HUGE, HUGE_NUMBERS, NON_ASCII, params
 from strategies import FUZZ_EXAMPLES, directive_lines
 from tfgpu_magic import importhooks
-from tfgpu_magic.tf import importhook
+from tfgpu_magic.tf import quietimport
 from tfgpu_magic.tf.apply import ApplyReport, Change
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.errors import PolicyError
@@ -57,7 +57,7 @@ def make_magic(shell, tmp_path, monkeypatch) -> Iterator[Callable[..., Controlle
         return controller
 
     yield make
-    importhook.disarm()
+    quietimport.disarm()
     shell.register_magics(previous)
     assert {name: os.environ.get(name) for name in OUR_ENV} == outside, "the test touched os.environ"
     assert "tensorflow" not in sys.modules
@@ -90,14 +90,14 @@ def test_edit_updates_policy_environment_and_arms_hook(controller: Controller, t
     assert controller.policy == Policy(growth=True)
     assert controller.environ == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert "applies when TensorFlow is imported" in out
-    assert importhook.is_armed()
+    assert quietimport.is_armed()
 
 
 def test_the_hook_armed_at_load_hands_on_what_applying_left_undone(shell, controller: Controller) -> None:
     """Loaded without a policy, the extension arms the import hook itself (`watch_tensorflow_import`);
     its callback hands an apply that left something undone to `on_import_failure` (the views' warning),
     as the controller's own callback does."""
-    importhook.disarm()
+    quietimport.disarm()
     magics = shell.magics_manager.registry["TFGPUMagics"]
     watch_tensorflow_import(magics)
     hook = next(finder for finder in sys.meta_path if importhooks.is_hook(finder) and finder.target == "tensorflow")
@@ -324,9 +324,10 @@ def test_load_ext_imports_nothing_heavy(tmp_path) -> None:
     assert seen == {"load": [], "edit": [], "status": []}
 
 
-LOAD_PATH = sorted(["tfgpu_magic", "tfgpu_magic.errors", "tfgpu_magic.views", "tfgpu_magic.views.magics",
+LOAD_PATH = sorted(["tfgpu_magic", "tfgpu_magic._version", "tfgpu_magic.errors", "tfgpu_magic.views",
+                    "tfgpu_magic.views.magics",
                     "tfgpu_magic.jupyter", "tfgpu_magic.jupyter.startup", "tfgpu_magic.jupyter.persist",
-                    "tfgpu_magic.tf", "tfgpu_magic.tf.importhook", "tfgpu_magic.importhooks"])
+                    "tfgpu_magic.tf", "tfgpu_magic.tf.quietimport", "tfgpu_magic.importhooks"])
 """Every module of ours `%load_ext` imports where no policy exists (each costs about 0.1 ms; the
 CONTRIBUTING.md's Speed section says why each is there): a new one on this path shows up here."""
 
@@ -374,7 +375,7 @@ def test_kernelspec_option_mistakes(controller: Controller, tfgpu, line: str, sa
         tfgpu(line)
 
 
-# ----- hostile lines (issue 9 §7–§11) -------------------------------------------------------------
+# ----- hostile lines -------------------------------------------------------------------------------
 @pytest.mark.parametrize("line", HOSTILE, ids=lambda line: line if len(line) <= 40 else f"{line[:30]}…({len(line)})")
 def test_hostile_line_is_one_short_usage_error(shell, make_magic, tfgpu, capsys, line: str) -> None:
     """Each hostile line of the adversarial replay: one UsageError, one short line, at once, and the
@@ -501,7 +502,7 @@ def test_unknown_option_gets_a_suggestion(controller: Controller, tfgpu) -> None
         tfgpu("restart --yse")
 
 
-# ----- a cell is validated as a whole (issue 10 §5) -------------------------------------------------
+# ----- a cell is validated as a whole ---------------------------------------------------------------
 @pytest.mark.parametrize(
     "cell",
     ["limit 1GB 1\nvisible 0,1\n", "visible 0,1\nlimit 1GB 1\n", "split 0 2x1GB\nlimit off 0\n",
@@ -530,7 +531,7 @@ def test_configure_validates_only_the_result(monkeypatch) -> None:
     tfgpu_magic.configure("visible 0")
     tfgpu_magic.configure("limit 1GB 1", "visible 0,1")
     assert controller.policy == Policy(visible=("0", "1"), limits=(("1", 1024),))
-    importhook.disarm()
+    quietimport.disarm()
 
 
 def test_loglevel_through_the_magic(shell, controller: Controller, tfgpu) -> None:

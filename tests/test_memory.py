@@ -22,7 +22,7 @@ from kernels import quiet_env, tensorflow_stays_out_of_pytest  # noqa: F401 (aut
 from tfgpu_magic import importhooks
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog, Nvml, read_inventory
-from tfgpu_magic.tf import importhook
+from tfgpu_magic.tf import cellmemory, quietimport
 from tfgpu_magic.language.sizes import mib_text
 from tfgpu_magic.tf.memory import memory, memory_rows
 from tfgpu_magic.views.figures import memory_text, summary
@@ -33,7 +33,7 @@ GIB = 1 << 30
 @pytest.fixture(autouse=True)
 def disarm():
     yield
-    importhook.disarm()
+    quietimport.disarm()
 
 
 def machine(*lines: str, env: dict | None = None, start: str = "before import",
@@ -47,7 +47,7 @@ def machine(*lines: str, env: dict | None = None, start: str = "before import",
         ctl.edit([ctl.parse(line) for line in lines])
     if start != "before import":
         fake.imported = True
-        importhook.disarm()
+        quietimport.disarm()
         ctl.apply()
     if start == "initialized":
         fake.initialize()
@@ -208,3 +208,162 @@ def test_pytorchs_own_figures_follow_tensorflows_table_on_the_cards_cuda_shows()
     third, fourth = (gpu.uuid[:12] for gpu in inventory.gpus[2:])
     assert lines[-2:] == [f"PyTorch cuda:0 ({third}…): allocated 0 MiB, reserved 0 MiB",
                           f"PyTorch cuda:1 ({fourth}…): allocated 1.0 GiB, reserved 1.0 GiB"]
+
+
+# ----- each cell's memory (`tf.cellmemory`), shown by `%tfgpu memory` per card and cell ------------------
+@pytest.fixture
+def ipshell():
+    """The real test IPython shell; whatever recorder a test started is stopped and dropped after it."""
+    from IPython.testing import globalipapp
+
+    shell = globalipapp.get_ipython()
+    yield shell
+    drop_recorder(shell)
+
+
+def drop_recorder(shell) -> None:
+    found = cellmemory.recorder(shell)
+    if found is not None:
+        found.stop()
+        delattr(shell, "_tfgpu_cell_memory")
+
+
+def recording_with(shell, mem: FakeMemory, **clock):
+    """A recorder on `shell` reading `mem`: `machine()` applied the policy with TensorFlow imported, which
+    started one on the test shell reading the real (absent) TensorFlow; this replaces it."""
+
+    drop_recorder(shell)
+    return cellmemory.record_cells(shell, mem, **clock)
+
+
+def ours(shell) -> list:
+    """The recorder's hooks on `shell`."""
+    return [c for event in ("pre_run_cell", "post_run_cell") for c in shell.events.callbacks[event]
+            if isinstance(getattr(c, "__self__", None), cellmemory.CellRecorder)]
+
+
+def run(shell, code: str) -> int:
+    """Run `code` as a stored cell (it gets an execution count); its count."""
+    result = shell.run_cell(code, store_history=True)
+    assert result.success, result.error_in_exec
+    return result.execution_count
+
+
+def test_each_cell_is_recorded_before_peak_during_and_after_and_shown_per_card(ipshell) -> None:
+    """Two visible cards; cells allocate and free on GPU:0 (card 0) and GPU:1 (card 1): the table of each
+    card gives each cell's figures before, peak during (`reset_memory_stats` before each cell makes the
+    peak the cell's own) and after; the summary names the peak's cell; the HTML has the same rows and a
+    chart whose text equivalent is the summary."""
+    from xml.etree import ElementTree
+
+    from tfgpu_magic.views.figures import memory_result
+
+    fake, ctl, mem, inventory = machine("visible 0,1", start="initialized")
+    ticks = iter(range(1000))
+    recorder = recording_with(ipshell, mem, clock=lambda: float(next(ticks)))
+    ipshell.user_ns.update(mem=mem, GIB=GIB)
+    first = run(ipshell, "mem.allocate('GPU:0', 3 * GIB); mem.free('GPU:0', 2 * GIB)")
+    peak = run(ipshell, "mem.allocate('GPU:0', 5 * GIB); mem.free('GPU:0', 4 * GIB); mem.allocate('GPU:1', GIB)")
+    last = run(ipshell, "mem.free('GPU:0', GIB)")
+    assert [cell.execution_count for cell in recorder.cells] == [first, peak, last]
+    assert recorder.cells[1].devices["GPU:0"] == (GIB, 6 * GIB, 2 * GIB)  # 1 GiB held + 5 GiB at the peak
+    assert recorder.cells[0].start < recorder.cells[0].end < recorder.cells[1].start
+    result = memory_result(ctl, ipshell, mem, inventory)
+    text = result.text()
+    assert text.startswith(memory_text(ctl, mem, inventory))
+    card0 = text.split("\n\n")[1].splitlines()
+    assert card0[0] == (f"Per cell, TensorFlow's tensors on GPU 0, cells [{first}] to [{last}]: "
+                        f"peak 6.0 GiB during cell [{peak}]; now 1.0 GiB")
+    assert [line.split() for line in card0[1:]] == [
+        ["cell", "before", "peak", "during", "after"],
+        [f"[{first}]", "0", "MiB", "3.0", "GiB", "1.0", "GiB"],
+        [f"[{peak}]", "1.0", "GiB", "6.0", "GiB", "2.0", "GiB"],
+        [f"[{last}]", "2.0", "GiB", "2.0", "GiB", "1.0", "GiB"]]
+    card1 = text.split("\n\n")[2].splitlines()
+    assert card1[0].startswith("Per cell, TensorFlow's tensors on GPU 1, cells") and "peak 1.0 GiB during cell" in card1[0]
+    html = result.html()
+    svg = ElementTree.fromstring(html[html.index("<svg"):html.index("</svg>") + 6])
+    assert svg.get("role") == "img" and svg.get("aria-label") == card0[0].removeprefix("Per cell, TensorFlow's tensors on ")
+    assert svg.find("{http://www.w3.org/2000/svg}title").text == svg.get("aria-label")
+    bars = svg.findall("{http://www.w3.org/2000/svg}rect")
+    assert [bar.get("style").startswith("fill:var(--jp-brand-color1") for bar in bars] == [False, True, False]
+    assert float(bars[1].get("height")) > float(bars[0].get("height")) > 0  # 6 GiB against 3 GiB
+    assert f"<td style='text-align:left;vertical-align:top;padding:1px 8px 1px 0'>[{peak}]</td>" in html
+
+
+def test_before_initialization_the_hooks_only_read_the_state_and_the_initializing_cell_starts_from_nothing(
+        ipshell) -> None:
+
+    fake, ctl, mem, inventory = machine("visible 0", start="imported")
+    recorder = recording_with(ipshell, mem)
+    ipshell.user_ns.update(mem=mem, fake=fake, GIB=GIB)
+    run(ipshell, "x = 1")
+    assert mem.calls == [] and list(recorder.cells) == []  # FakeMemory refuses any call before initialization
+    count = run(ipshell, "fake.initialize(); mem.allocate('GPU:0', 2 * GIB)")
+    (cell,) = recorder.cells
+    assert (cell.execution_count, cell.devices) == (count, {"GPU:0": (0, 2 * GIB, 2 * GIB)})
+    assert len(ours(ipshell)) == 2
+
+
+def test_with_no_gpu_in_tensorflows_runtime_no_hook_stays(ipshell) -> None:
+    """A CPU build (or no card): once initialized TensorFlow lists no logical GPU, and the pair goes."""
+    from tfgpu_magic.views.figures import memory_result
+
+    fake, ctl, mem, inventory = machine(inventory=Inventory(error="NVML unavailable"), env={"CUDA_VISIBLE_DEVICES": ""},
+                                        start="initialized")
+    assert mem.logical_gpus() == []
+    recorder = recording_with(ipshell, mem)
+    assert len(ours(ipshell)) == 2
+    run(ipshell, "y = 2")
+    assert ours(ipshell) == [] and list(recorder.cells) == [] and not recorder.recording
+    assert memory_result(ctl, ipshell, mem, inventory).text() == memory_text(ctl, mem, inventory)
+
+
+def test_a_broken_reading_stops_the_record_instead_of_an_error_under_every_cell(ipshell, capsys) -> None:
+
+    fake, ctl, mem, inventory = machine("visible 0", start="initialized")
+
+    def broken(device: str) -> None:
+        raise RuntimeError("driver gone")
+
+    mem.info = broken
+    recording_with(ipshell, mem)
+    run(ipshell, "z = 3")
+    assert ours(ipshell) == [] and "driver gone" not in capsys.readouterr().err
+
+
+def test_tensorflows_import_starts_the_record_and_the_oom_note_then_calls_the_peak_the_cells(ipshell) -> None:
+    """`tf.cellhooks.on_tensorflow_import` (what the import hook's callback runs) starts the recorder; while
+    it resets the peaks before each cell, an OOM note speaks of the cell's peak, not the peak so far."""
+    from tfgpu_magic.tf import cellhooks, initcell, oom
+
+    fake, ctl, mem, inventory = machine("visible 0")
+    try:
+        cellhooks.on_tensorflow_import(ctl, ipshell)
+        assert cellmemory.recording(ipshell) and len(ours(ipshell)) == 2
+        assert getattr(ipshell, "_tfgpu_oom_hook").peak_from_cell() is True
+        cellmemory.recorder(ipshell).stop()
+        assert getattr(ipshell, "_tfgpu_oom_hook").peak_from_cell() is False
+    finally:
+        oom.uninstall(ipshell)
+        watch = getattr(ipshell, "_tfgpu_init_watch", None)
+        if watch is not None:
+            watch.stop()
+        initcell.forget()
+
+
+@pytest.mark.tensorflow
+def test_a_real_kernel_with_cpu_tensorflow_keeps_no_hook_and_shows_memory_as_text_and_html() -> None:
+    """Real TensorFlow (CPU build) in a real kernel: the recorder starts at the import and goes once the
+    runtime lists no GPU; `%tfgpu memory` is one display, text/plain and text/html together."""
+    from kernels import running_kernel
+
+    with running_kernel() as kernel:
+        kernel.ok("%load_ext tfgpu_magic")
+        kernel.ok("import tensorflow as tf")
+        assert kernel.evaluate("__import__('tfgpu_magic.tf.cellmemory').tf.cellmemory.recording(get_ipython())") is True
+        kernel.ok("tf.constant(1)")
+        assert kernel.evaluate("__import__('tfgpu_magic.tf.cellmemory').tf.cellmemory.recording(get_ipython())") is False
+        shown = kernel.ok("%tfgpu memory")
+        assert shown.stdout == "" and len(shown.results) == len(shown.html) == 1
+        assert shown.results[0].startswith("No GPU") and "<svg" not in shown.html[0]

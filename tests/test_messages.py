@@ -1,4 +1,4 @@
-"""Messages that are true (issue 27 §5), on the real test IPython shell over four fake cards (tests/
+"""Messages that are true, on the real test IPython shell over four fake cards (tests/
 fake_nvml.py's `four_gpus`) and a fake TensorFlow that lists no GPU, as the CPU build does
 (tests/fake_tf.py, `FakeTF(0)`): each test was a message that said something untrue.
 
@@ -25,7 +25,7 @@ from IPython.core.profiledir import ProfileDir
 
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import InventoryCatalog, Nvml, read_inventory
-from tfgpu_magic.tf import importhook
+from tfgpu_magic.tf import quietimport
 from tfgpu_magic.envvars import NAMES as OUR_ENV
 from tfgpu_magic.tf.runtime import NO_GPU
 from tfgpu_magic.views.magics import TFGPUMagics
@@ -56,7 +56,7 @@ class Machine:
 
     def initialize(self) -> None:
         """`import tensorflow` and a first op, as the CPU build runs them (no GPU listed)."""
-        importhook.disarm()
+        quietimport.disarm()
         self.tf.imported = True
         self.controller.apply()
         self.tf.initialize()
@@ -68,7 +68,7 @@ def machine(shell, capsys, tmp_path, monkeypatch) -> Iterator[Machine]:
     outside = {name: os.environ.get(name) for name in OUR_ENV}
     monkeypatch.setattr(shell, "profile_dir", ProfileDir.create_profile_dir(str(tmp_path / "profile")))
     yield Machine(shell, capsys)
-    importhook.disarm()
+    quietimport.disarm()
     shell.register_magics(previous)
     assert {name: os.environ.get(name) for name in OUR_ENV} == outside, "the test touched os.environ"
     assert "tensorflow" not in sys.modules
@@ -175,7 +175,7 @@ def test_a_locked_cpu_setting_still_gets_its_restart_advice(machine: Machine) ->
 
 # ----- sizes one way --------------------------------------------------------------------------------------
 def test_sizes_are_written_one_way(machine: Machine) -> None:
-    """Was: "0 KiB", "20480 / 81920 MiB used", "limit 1024 MiB" where the README says "as you wrote it"."""
+    """Was: "0 KiB", "20480 / 81920 MiB used", "limit 1024 MiB" where docs/grammar.md says "as you write it"."""
     machine.line("limit 1GB 1")
     machine.line("split 0 2x1GB")
     machine.line("limit 25% 2")

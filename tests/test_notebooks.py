@@ -129,7 +129,7 @@ def test_rerun_after_initialization_locks_and_restart_says_what_to_do_under_nbcl
     initialization names the setting that is locked (no RuntimeError), and `%tfgpu restart`, which cannot
     restart an nbclient kernel, says how instead."""
     assert "RuntimeError: Virtual devices cannot be modified after being initialized" in shown_by(executed, "rerun-raw")
-    growth = shown_by(executed, "rerun-growth")  # the CPU build: no GPU, so no restart to advise (issue 27 §5)
+    growth = shown_by(executed, "rerun-growth")  # the CPU build: no GPU, so no restart to advise (no GPU allocator reads it)
     assert "`growth on` has nothing to apply to here" in growth and "TensorFlow sees no GPU" in growth
     assert "restart" not in growth.lower() and "RuntimeError" not in growth
     locked = shown_by(executed, "rerun-locked")

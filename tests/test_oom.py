@@ -26,7 +26,7 @@ from kernels import CellResult, Kernel, running_kernel, tensorflow_stays_out_of_
 
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import InventoryCatalog, Nvml, read_inventory
-from tfgpu_magic.tf import importhook, initcell, oom
+from tfgpu_magic.tf import quietimport, initcell, oom
 from tfgpu_magic.tf.oom import parse_oom
 from tfgpu_magic.tf.runtime import RuntimeState
 from tfgpu_magic.views import oom as oom_view
@@ -78,7 +78,7 @@ def gpu_session(*lines: str) -> tuple[FakeTF, Controller, FakeMemory]:
     if lines:
         ctl.edit([ctl.parse(line) for line in lines])
     fake.imported = True
-    importhook.disarm()
+    quietimport.disarm()
     ctl.apply()
     fake.initialize()
     return fake, ctl, FakeMemory(fake)
@@ -139,8 +139,9 @@ def ipshell():
 
 
 def test_clear_frames_alone_keeps_the_tensor_but_the_release_frees_it(ipshell) -> None:
-    """DESIGN §7, on IPython's real traceback path: after `traceback.clear_frames` the object lives on
-    (the formatter's `f_locals` snapshot holds it); `release_frames` frees it, and the traceback stays."""
+    """Why the release exists (docs/memory.md, "OOMs explain themselves"), on IPython's real traceback
+    path: after `traceback.clear_frames` the object lives on (the formatter's `f_locals` snapshot holds
+    it); `release_frames` frees it, and the traceback stays."""
     result = ipshell.run_cell(FAILING_CELL)
     error = result.error_in_exec
     traceback.clear_frames(sys.last_traceback)
@@ -421,9 +422,10 @@ def tf_kernel() -> Iterator[Kernel]:
         kernel.ok("%load_ext tfgpu_magic")
         assert kernel.evaluate(f"len({OURS})") == 0  # before TensorFlow is imported: no hook at all
         kernel.ok(SETUP)
-        # the initializing-cell pair, the OOM hook, and the publisher's look after each cell (a kernel of a
-        # server's: `kernelstate.Publisher.after_cell`)
-        assert kernel.evaluate(f"len({OURS})") == 4
+        # the initializing-cell pair, the OOM hook, the publisher's cell marks and look after each cell (a
+        # kernel of a server's: `kernelstate.Publisher.before_cell`/`after_cell`), and the record of each
+        # cell's memory (`cellmemory.CellRecorder`: it goes once the runtime lists no GPU)
+        assert kernel.evaluate(f"len({OURS})") == 7
         yield kernel
 
 
@@ -434,8 +436,8 @@ def test_a_real_oom_explains_itself_and_lets_go(tf_kernel: Kernel) -> None:
     assert tf_kernel.evaluate("initcell.initialized_by()") is None  # imported, not initialized yet
     tf_kernel.ok("x = tf.constant(1)  # the first op")
     assert tf_kernel.evaluate("initcell.initialized_by()") == "by In [3]: `x = tf.constant(1)  # the first op`"
-    # the pair left once the cell was known: the OOM hook and the publisher's look remain
-    assert tf_kernel.evaluate(f"len({OURS})") == 2
+    # the pair left once the cell was known: the OOM hook and the publisher's cell marks and look remain
+    assert tf_kernel.evaluate(f"len({OURS})") == 3
     result = tf_kernel.run(REAL_OOM, timeout=180)
     assert result.status == "error" and result.errors[0]["ename"] == "ResourceExhaustedError"
     shown = re.sub(r"\x1b\[[0-9;]*m", "", result.traceback)  # IPython's colours

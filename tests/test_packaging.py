@@ -59,7 +59,7 @@ RUN_TIMEOUT = 60
 JUPYTER = "jupyterlab"
 """What the Jupyter checks install beside tfgpu_magic: JupyterLab (with jupyter_server), as a user has it."""
 CONFIG_LINE = 'c.InteractiveShellApp.extensions = ["tfgpu_magic"]'
-"""The README's way to load the extension in every kernel of a profile."""
+"""docs/restart.md's way to load the extension in every kernel of a profile."""
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 HAS_MAGIC = "print('tfgpu' in get_ipython().magics_manager.magics['line'])"
 
@@ -463,7 +463,7 @@ def test_ipython_config_loads_the_extension_in_every_shell(installed: Installed)
 
 
 def test_autoload_loads_the_extension_in_the_next_shell(installed: Installed) -> None:
-    """The README's other way to load it everywhere, from the installed package (not this checkout)."""
+    """docs/restart.md's other way to load it everywhere, from the installed package (not this checkout)."""
     turned_on = installed.ipython("%load_ext tfgpu_magic\n%tfgpu autoload on")
     assert turned_on.returncode == 0, turned_on.stdout + turned_on.stderr
     try:

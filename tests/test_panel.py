@@ -16,7 +16,7 @@ import pytest
 from fake_nvml import FakeNvml, four_gpus
 from fake_tf import FakeTF
 
-from tfgpu_magic.tf import importhook
+from tfgpu_magic.tf import quietimport
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog, Nvml, read_inventory
 from tfgpu_magic.language.sizes import gib_pair
@@ -26,7 +26,7 @@ from tfgpu_magic.views.panel import COLUMNS, YOU_COLOR, ListedGpu, Panel, memory
 @pytest.fixture(autouse=True)
 def _disarm_hook():
     yield
-    importhook.disarm()
+    quietimport.disarm()
     assert "tensorflow" not in sys.modules
 
 

@@ -23,6 +23,7 @@ from tfgpu_magic.language.grammar import parse_line
 from tfgpu_magic.plan import build_plan
 from tfgpu_magic.tf.runtime import LogicalSpec
 from tfgpu_magic.language.policy import Policy, sort_gpu_items
+from tfgpu_magic.views.status import note_text
 
 GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"
 
@@ -203,7 +204,7 @@ def test_growth_with_logical_devices_goes_through_the_environment(other: str) ->
     plan = build_plan(policy_of("growth on", other))
     assert plan.growth is None
     assert plan.env_map[GROWTH_ENV] == "true"
-    assert any(GROWTH_ENV in note for note in plan.notes)
+    assert any(GROWTH_ENV in note for note in map(note_text, plan.notes))
 
 
 def test_limit_on_every_gpu_is_the_default_config() -> None:
@@ -253,7 +254,7 @@ def test_uuid_without_inventory_is_unresolved_with_a_note() -> None:
     plan = build_plan(policy_of("limit 1GB GPU-8932f937", "limit 2GB 0"))
     assert plan.unresolved == ("GPU-8932f937",)
     assert (plan.tf_limits, plan.tf_indices) == (((0, (2048,)),), (("0", 0),))
-    assert any("GPU-8932f937" in note for note in plan.notes)
+    assert any("GPU-8932f937" in note for note in map(note_text, plan.notes))
 
 
 def test_uuid_listed_in_visible_resolves() -> None:
@@ -264,8 +265,8 @@ def test_uuid_listed_in_visible_resolves() -> None:
 def test_async_allocator() -> None:
     plan = build_plan(policy_of("allocator async", "limit 1GB", "growth on"))
     assert plan.env_map["TF_GPU_ALLOCATOR"] == "cuda_malloc_async"
-    assert any("soft" in note for note in plan.notes)
-    assert any("moot" in note for note in plan.notes)
+    assert any("soft" in note for note in map(note_text, plan.notes))
+    assert any("moot" in note for note in map(note_text, plan.notes))
 
 
 def test_async_allocator_alone_has_no_notes() -> None:
@@ -280,7 +281,7 @@ def test_after_cuda_started_visible_goes_through_tf_config() -> None:
     plan = build_plan(policy_of("visible 2,3"), inherited_visible=None, cuda_started=True)
     assert "CUDA_VISIBLE_DEVICES" not in plan.env_map and "CUDA_DEVICE_ORDER" not in plan.env_map
     assert plan.visible_gpus == (2, 3)
-    assert any("CUDA has already started" in note for note in plan.notes)
+    assert any("CUDA has already started" in note for note in map(note_text, plan.notes))
 
 
 # ----- export -----------------------------------------------------------------------------------

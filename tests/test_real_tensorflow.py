@@ -91,13 +91,13 @@ def test_configure_does_not_import_tensorflow_until_the_script_does():
     result, _ = run_script(f"""
         import sys
         import tfgpu_magic
-        from tfgpu_magic.tf import importhook
+        from tfgpu_magic.tf import quietimport
         heavy = ("tensorflow", "keras", "ipywidgets", "pynvml", "IPython")
         report = tfgpu_magic.configure("split cpu 2")
         result = {{"before": [m for m in heavy if m in sys.modules], "waiting": report.waiting,
-                  "armed": importhook.is_armed()}}
+                  "armed": quietimport.is_armed()}}
         import tensorflow as tf
-        result.update(after="tensorflow" in sys.modules, armed_after=importhook.is_armed(), cpus={CPUS})
+        result.update(after="tensorflow" in sys.modules, armed_after=quietimport.is_armed(), cpus={CPUS})
     """)
     assert result == {"before": [], "waiting": True, "armed": True, "after": True, "armed_after": False, "cpus": 2}
 
@@ -108,10 +108,10 @@ def test_asking_whether_tensorflow_exists_keeps_the_hook_armed():
     result, _ = run_script(f"""
         import importlib.util
         import tfgpu_magic
-        from tfgpu_magic.tf import importhook
+        from tfgpu_magic.tf import quietimport
         tfgpu_magic.configure("split cpu 2")
         found = importlib.util.find_spec("tensorflow") is not None
-        armed = importhook.is_armed()
+        armed = quietimport.is_armed()
         import tensorflow as tf
         result = {{"found": found, "armed": armed, "cpus": {CPUS}}}
     """)
@@ -150,7 +150,7 @@ def test_failing_policy_still_lets_tensorflow_import(error, message):
     """A policy whose application fails (injected into the `tf.config` seam) warns; TF imports and works."""
     result, stderr = run_script(f"""
         import tfgpu_magic
-        from tfgpu_magic.tf import importhook
+        from tfgpu_magic.tf import quietimport
         from tfgpu_magic.controller import get_controller
 
         def refuse(device, limits):
@@ -159,7 +159,7 @@ def test_failing_policy_still_lets_tensorflow_import(error, message):
         get_controller().api.set_logical = refuse
         tfgpu_magic.configure("split cpu 2")
         import tensorflow as tf
-        result = {{"sum": int(tf.constant(1) + 1), "cpus": {CPUS}, "armed": importhook.is_armed(),
+        result = {{"sum": int(tf.constant(1) + 1), "cpus": {CPUS}, "armed": quietimport.is_armed(),
                   "loader_restored": "exec_module" not in vars(tf.__spec__.loader)}}
     """)
     assert result == {"sum": 2, "cpus": 1, "armed": False, "loader_restored": True}

@@ -1,5 +1,5 @@
 """The registry of directives (`tfgpu_magic.language.directives`) is the one place a directive is
-declared: the README, `%tfgpu?`, parsing, dispatch, completion, cell checking and the status agree
+declared: the docs' grammar page, `%tfgpu?`, parsing, dispatch, completion, cell checking and the status agree
 with it. Also `loglevel`, the directive added through it."""
 
 from __future__ import annotations
@@ -21,34 +21,35 @@ from tfgpu_magic.language import directives, grammar
 from tfgpu_magic.language.directives import ACTIONS, EDITS, OPTIONS, REGISTRY, describe_policy, lookup
 from tfgpu_magic.language.grammar import Action, Edit, apply_edit, parse_cell, parse_line
 from tfgpu_magic.language.policy import LOGLEVELS, Policy
-from tfgpu_magic.tf import importhook
+from tfgpu_magic.tf import quietimport
 from tfgpu_magic.views.magics import check_options, split_options
 from tfgpu_magic.views.magics import TFGPUMagics
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+"""The documentation pages (the site `make docs` builds) whose examples these tests check."""
 RICH = Policy(visible=("0", "1"), growth=True, limits=(("all", 1024), ("1", 2048)), splits=(("0", (512, 512)),),
               cpu_devices=2, allocator="async", loglevel="error")
 IDS = [d.name for d in REGISTRY]
 
 
-def readme_grammar_block() -> list[str]:
-    text = README.read_text(encoding="utf-8")
-    block = re.search(r"^## The grammar\n\n```\n(.*?)\n```$", text, re.S | re.M)
-    assert block is not None, "README has no grammar block"
+def docs_grammar_block() -> list[str]:
+    text = (DOCS / "grammar.md").read_text(encoding="utf-8")
+    block = re.search(r"^# The grammar\n\n```\n(.*?)\n```$", text, re.S | re.M)
+    assert block is not None, "docs/grammar.md has no grammar block"
     return block.group(1).split("\n")
 
 
-# ----- the README and `%tfgpu?` ---------------------------------------------------------------------
-def test_readme_grammar_block_is_the_registry() -> None:
+# ----- the docs and `%tfgpu?` -----------------------------------------------------------------------
+def test_docs_grammar_block_is_the_registry() -> None:
     """Line for line: regenerate the block from `directives.grammar_lines()` after changing the registry."""
-    assert readme_grammar_block() == directives.grammar_lines()
+    assert docs_grammar_block() == directives.grammar_lines()
 
 
-def readme_block_after(words: str) -> list[str]:
-    """The lines of the README's first code block after `words`."""
-    text = README.read_text(encoding="utf-8")
+def docs_block_after(page: str, words: str) -> list[str]:
+    """The lines of the first code block after `words` in docs/`page`."""
+    text = (DOCS / page).read_text(encoding="utf-8")
     block = re.search(re.escape(words) + r".*?\n```\n(.*?)\n```", text, re.S)
-    assert block is not None, f"README has no code block after {words!r}"
+    assert block is not None, f"docs/{page} has no code block after {words!r}"
     return block.group(1).splitlines()
 
 
@@ -72,22 +73,22 @@ def four_gpu_status(environ: dict[str, str], *lines: str) -> list[str]:
 
     ctl = four_gpus_started_with(environ)
     ctl.edit([ctl.parse(line) for line in lines])
-    importhook.disarm()
+    quietimport.disarm()
     return StatusResult(snapshot(ctl)).text().splitlines()
 
 
-def test_readme_status_example_is_what_the_status_prints(installed_frameworks: Callable[..., None]) -> None:
-    """The README's status example is the status's real text, line for line (JAX installed, as it says;
+def test_docs_status_example_is_what_the_status_prints(installed_frameworks: Callable[..., None]) -> None:
+    """docs/grammar.md's status example is the status's real text, line for line (JAX installed, as it says;
     PyTorch not)."""
     installed_frameworks(jax_installed=True)
-    assert readme_block_after("the status prints:") == four_gpu_status({}, "visible auto:2", "limit 50%")
+    assert docs_block_after("grammar.md", "the status prints:") == four_gpu_status({}, "visible auto:2", "limit 50%")
 
 
-def test_readme_grant_example_is_what_the_status_prints() -> None:
-    """The README's grant example: the refusal's words and the status lines it quotes are real."""
+def test_docs_grant_example_is_what_the_status_prints() -> None:
+    """docs/provisioner.md's grant example: the refusal's words and the status lines it quotes are real."""
     from tfgpu_magic.views.magics import run_line
 
-    shown = readme_block_after("on the fake four cards (real output):")
+    shown = docs_block_after("provisioner.md", "on the fake four cards (real output):")
     granted = {"CUDA_VISIBLE_DEVICES": "2", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     status = four_gpu_status(dict(granted), "visible auto")
     assert [line for line in shown if line.startswith("  ")] == status[status.index(shown[-3]):][:3]
@@ -271,12 +272,14 @@ def test_describe_phrases_parse_back_for_field_edits() -> None:
 # ----- light to import ----------------------------------------------------------------------------
 def test_the_magic_module_imports_almost_nothing_of_the_package() -> None:
     """`%load_ext` imports the magic's module: the registry, the grammar and the policy stay out (the
-    registry comes with the first `%tfgpu` or `%tfgpu?`)."""
+    registry comes with the first `%tfgpu` or `%tfgpu?`). The package's `__init__` brings its one-line
+    `_version`, written at build time."""
     code = ("import sys, tfgpu_magic.views.magics; "
             "print(sorted(m for m in sys.modules if m.startswith('tfgpu_magic')))")
     loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
                         .stdout.replace("'", '"'))
-    assert loaded == ["tfgpu_magic", "tfgpu_magic.errors", "tfgpu_magic.views", "tfgpu_magic.views.magics"]
+    assert loaded == ["tfgpu_magic", "tfgpu_magic._version", "tfgpu_magic.errors", "tfgpu_magic.views",
+                      "tfgpu_magic.views.magics"]
 
 
 # ----- loglevel -------------------------------------------------------------------------------------
@@ -305,7 +308,7 @@ def test_loglevel_from_a_file_is_checked(data: dict, says: str) -> None:
 def controller() -> Iterator[Controller]:
     """A private controller (its own environment); the import hook it arms is disarmed after."""
     yield Controller(environ={})
-    importhook.disarm()
+    quietimport.disarm()
 
 
 def test_controller_validates_the_result_of_edits_once(controller: Controller, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -49,7 +49,7 @@ from tfgpu_magic.selftest.frames import Reader, encode, new_nonce
 from tfgpu_magic.selftest.run import run_outside, verdict_row
 from tfgpu_magic.selftest.rules import (FAIL, GPU, NVML, PASS, RULES, SKIP, TENSORFLOW, Machine, Prepared, Probe,
                                         Rule, judge_quiet_import)
-from tfgpu_magic.tf import importhook
+from tfgpu_magic.tf import quietimport
 from tfgpu_magic.tf.memory import memory
 from tfgpu_magic.tf.runtime import ASYNC_ALLOCATOR
 from tfgpu_magic.views import selftest as selftest_view
@@ -221,7 +221,7 @@ def test_plain_text_by_default_and_one_line_for_a_wrong_rule(tmp_path: Path) -> 
 
 
 # ----- the loglevel judge on lines as TensorFlow writes them -------------------------------------------
-PREAMBLE = importhook.PREAMBLE
+PREAMBLE = quietimport.PREAMBLE
 INFO = "I0000 00:00:1796114086.366015    3831 port.cc:153] oneDNN custom operations are on."
 ERROR = "E0000 00:00:1796114328.718096    7548 cuda_fft.cc:467] Unable to register cuFFT factory"
 WARNING_TF = "WARNING:tensorflow:From x.py:1: the name is deprecated"
@@ -277,7 +277,7 @@ class FakeProcess:
         self.ctl = Controller(api=self.fake, environ=self.env, catalog=InventoryCatalog(self.before))
         self.ctl.edit([self.ctl.parse(line) for line in prepared.policy])  # configure(*POLICY)
         self.fake.imported = True  # import tensorflow: the hook applies the rest
-        importhook.disarm()
+        quietimport.disarm()
         self.ctl.apply()
         self.in_force: InForce = self.fake.initialize()  # the first op
         after = copy.deepcopy(self.cards_before)
@@ -340,8 +340,8 @@ def judged(name: str, machine: Machine | None = None, **process: Any) -> tuple[s
 @pytest.fixture(autouse=True)
 def no_hook() -> Iterator[None]:
     yield
-    importhook.disarm()
-    importhook.quiet(None)
+    quietimport.disarm()
+    quietimport.quiet(None)
 
 
 def ignore_split(fake: FakeTF, env: dict) -> None:

@@ -33,7 +33,7 @@ from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog, Nvml, read_i
 from tfgpu_magic.selftest import report
 from tfgpu_magic.selftest.rules import (FAIL, FRAMEWORKS, PASS, RULES, SKIP, TORCH_ASYNC, Machine, Prepared, Probe)
 from tfgpu_magic.selftest.run import selected
-from tfgpu_magic.tf import importhook
+from tfgpu_magic.tf import quietimport
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -246,7 +246,7 @@ def clean_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in ("torch", "jax"):  # one left armed by another controller would stand for this one's
         importhooks.disarm(name)
     yield
-    importhook.disarm()
+    quietimport.disarm()
     for name in ("torch", "jax"):
         importhooks.disarm(name)
 

@@ -165,6 +165,13 @@ class Api:
     def keep(self, kernel_id: str) -> dict[str, Any]:
         return conforms(self.call("POST", "api", "tfgpu", "kernels", kernel_id, "keep"), "keepReply")
 
+    def refused(self, status: int, method: str, *parts: str, **kwargs: Any) -> dict[str, Any]:
+        """The body of a reply that is `status`, checked against `$defs/error` (every refusal is one)."""
+        with pytest.raises(HTTPClientError) as refused:
+            self.call(method, *parts, **kwargs)
+        assert refused.value.code == status
+        return conforms(json.loads(refused.value.response.body), "error")
+
     def pause(self, seconds: float) -> None:
         """Let the server's loop run (it hears kernels' status messages only while it runs)."""
         self.loop.run_until_complete(asyncio.sleep(seconds))
@@ -279,7 +286,7 @@ def test_keep_stores_the_published_policy_for_the_next_kernel_which_has_it_in_fo
     try:
         notebook.publish("growth on", "limit 2GB", "allocator async")
         wanted = notebook.kernel.evaluate("__import__('tfgpu_magic').current_policy().to_dict()")
-        assert api.keep(notebook.kernel_id) == {"format": "tfgpu_magic/keep/2", "kept": True}
+        assert api.keep(notebook.kernel_id) == {"format": gather.KEEP_FORMAT, "kept": True}
         assert persist.pending_path(notebook.kernel_id, runtime).is_file()
         api.call("POST", "api", "kernels", notebook.kernel_id, "restart")
         kernel = await_new_kernel(notebook.kernel, notebook.pid)
@@ -295,27 +302,45 @@ def test_keep_stores_the_published_policy_for_the_next_kernel_which_has_it_in_fo
 def test_keep_without_tfgpu_magic_in_the_kernel_keeps_nothing(api: Api, jp_serverapp: Any, fake_nvml: RecordingNvml) -> None:
     notebook = NotebookKernel(api, jp_serverapp, "plain-keep.ipynb")
     try:
-        assert api.keep(notebook.kernel_id) == {"format": "tfgpu_magic/keep/2", "kept": False}
+        assert api.keep(notebook.kernel_id) == {"format": gather.KEEP_FORMAT, "kept": False}
         assert not persist.pending_path(notebook.kernel_id, Path(jp_serverapp.runtime_dir)).exists()
     finally:
         notebook.kernel.close()
     with pytest.raises(HTTPClientError) as refused:
         api.call("POST", "api", "tfgpu", "kernels", notebook.kernel_id, "keep", headers={"Authorization": ""})
     assert refused.value.code == 403
-    with pytest.raises(HTTPClientError) as missing:
-        api.keep("0a1b2c3d-0000-4000-8000-000000000000")
-    assert missing.value.code == 404
+    missing = api.refused(404, "POST", "api", "tfgpu", "kernels", "0a1b2c3d-0000-4000-8000-000000000000", "keep")
+    assert missing["code"] == "unknown_kernel"
 
 
 def test_without_auth_both_endpoints_answer_403_and_an_unknown_kernel_404(api: Api, fake_nvml: RecordingNvml) -> None:
+    """Each refusal's body is `$defs/error`, with the code of what refused it."""
     for parts in (("api", "tfgpu", "gpus"), ("api", "tfgpu", "kernels", "0a1b2c3d-0000-4000-8000-000000000000")):
-        with pytest.raises(HTTPClientError) as refused:
-            api.call("GET", *parts, headers={"Authorization": ""})
-        assert refused.value.code == 403
-    with pytest.raises(HTTPClientError) as missing:
-        api.kernel("0a1b2c3d-0000-4000-8000-000000000000")
-    assert missing.value.code == 404
+        assert api.refused(403, "GET", *parts, headers={"Authorization": ""})["code"] == "forbidden"
+    missing = api.refused(404, "GET", "api", "tfgpu", "kernels", "0a1b2c3d-0000-4000-8000-000000000000")
+    assert missing["code"] == "unknown_kernel" and "0a1b2c3d" in missing["message"]
     assert fake_nvml.threads == []  # refused before anything was read
+
+
+def test_a_client_of_another_schema_version_gets_409_naming_both_and_a_bad_since_400(
+        api: Api, jp_serverapp: Any, fake_nvml: RecordingNvml) -> None:
+    """The browser sends its version (`x-version-header`); the server answers another with both versions, so
+    the browser says which side is older. A client that sends none, or the same, is answered."""
+    header = kernelstate.contract()["x-version-header"]
+    ours = kernelstate.schema_version()
+    for given, client in ((str(ours - 1), ours - 1), (str(ours + 1), ours + 1), ("two", None)):
+        body = api.refused(409, "GET", "api", "tfgpu", "gpus", headers={header: given})
+        assert body == {"code": "version_mismatch", "message": body["message"], "server_version": ours,
+                        "client_version": client}
+    assert api.call("GET", "api", "tfgpu", "gpus", headers={header: str(ours)})["format"] == gather.GPUS_FORMAT
+    notebook = NotebookKernel(api, jp_serverapp, "since.ipynb")
+    try:
+        body = api.refused(400, "GET", "api", "tfgpu", "kernels", notebook.kernel_id, params={"since": "nan"})
+        assert body["code"] == "bad_since"
+        assert api.refused(409, "POST", "api", "tfgpu", "kernels", notebook.kernel_id, "keep",
+                           headers={header: "1"})["code"] == "version_mismatch"
+    finally:
+        notebook.kernel.close()
 
 
 def test_reads_run_off_the_event_loop_and_one_reading_serves_the_cache_period(
@@ -340,11 +365,18 @@ def test_without_nvml_the_cards_are_empty_with_the_reason(api: Api, monkeypatch:
     assert "NVML could not start: Driver Not Loaded" in error["message"]
 
 
-def test_the_reasons_for_no_cards_are_codes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The browser words a code; the English stays in `message`."""
-    assert gather.nvml_error(Inventory(error=inventory.NO_BINDING))["code"] == "nvml_missing"
+def test_the_reasons_for_no_cards_are_codes_set_where_they_happen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The browser words a code; the English stays in `message`. The code comes from `gpus.inventory`,
+    where NVML failed: a message reworded there changes no code (none is found by comparing words)."""
     monkeypatch.setattr(inventory, "driver_present", lambda: False)
-    assert gather.nvml_error(read_inventory(Nvml()))["code"] == "no_driver"
+    monkeypatch.setattr(inventory, "NO_DRIVER", "reworded")
+    assert gather.nvml_error(read_inventory(Nvml())) == {"code": "no_driver", "message": "reworded"}
+    monkeypatch.setattr(inventory, "driver_present", lambda: True)
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # importing it raises ImportError
+    assert gather.nvml_error(read_inventory(Nvml()))["code"] == "nvml_missing"
+    assert gather.nvml_error(read_inventory(Nvml(module=FakeNvml([], init_error=9))))["code"] == "nvml_failed"
+    assert gather.nvml_error(Inventory(error="a reading without a code")) == {
+        "code": "nvml_failed", "message": "a reading without a code"}
     assert gather.nvml_error(Inventory()) is None and gather.nvml_error(None) is None
 
 
@@ -393,6 +425,9 @@ HOSTILE_STATES: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
     ("a string of 10 MB", lambda good: json.dumps({**good, "kernel_id": "k" * (10 << 20)})),
     ("not an object", lambda good: "[1, 2, 3]"),
     ("nested 100,000 deep", lambda good: "[" * 100_000),
+    ("17 cells", lambda good: json.dumps({**good, "cells": [{"execution_count": 1, "start": 1.0, "end": None}] * 17})),
+    ("a figure past 2**53", lambda good: json.dumps({**good, "tensorflow": {**good["tensorflow"], "memory": [
+        {"device": "GPU:0", "card": "0", "current": 2 ** 53, "peak": 2 ** 53}]}})),
 ]
 
 
@@ -429,10 +464,29 @@ def test_a_python_without_jsonschema_refuses_a_state_it_cannot_check_in_one_line
     kernelstate._validator.cache_clear()
     monkeypatch.setitem(sys.modules, "jsonschema", None)  # importing it raises ImportError
     try:
-        with pytest.raises(kernelstate.StateInvalid, match="^it cannot be checked here: jsonschema is not installed"):
+        with pytest.raises(kernelstate.StateInvalid, match="^it cannot be checked here: jsonschema is not installed") as raised:
             _read(kernel_id, tmp_path)
+        assert raised.value.code == "jsonschema_missing"
     finally:
         kernelstate._validator.cache_clear()
+
+
+def test_an_old_jsonschema_is_reported_as_old_not_missing_and_the_reply_says_which(
+        tmp_path: Path, lookalike_kernel: tuple[str, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A jsonschema before 4.0 has no validator for the schema's draft: the state is refused with
+    `jsonschema_old` (never "not installed", never `state_invalid`), and the kernel's reply carries that code."""
+    kernel_id, pid = lookalike_kernel
+    _write_state(kernelstate.state_path(kernel_id, tmp_path), **valid_state(kernel_id, pid))
+    kernelstate._checked.clear()
+    kernelstate._validator.cache_clear()
+    with monkeypatch.context() as patched:
+        patched.setitem(sys.modules, "jsonschema", SimpleNamespace(Draft7Validator=object))  # as 3.2 has
+        kernel = gather.read_kernel(kernel_id, None, tmp_path, gather.TensorFlowSeen())
+    kernelstate._validator.cache_clear()
+    assert kernel.invalid_code == "jsonschema_old" and kernel.state is None
+    assert "older than 4.0" in kernel.invalid and "not installed" not in kernel.invalid
+    reply = conforms(gather.kernel_reply(kernel, gather.Machine(None), None, datetime.now(timezone.utc)), "kernelReply")
+    assert reply["error"]["code"] == "jsonschema_old" and not reply["published"]
 
 
 @pytest.mark.parametrize("name, hostile", HOSTILE_STATES, ids=[name for name, _ in HOSTILE_STATES])
@@ -805,3 +859,65 @@ def test_cards_outside_the_servers_grant_are_marked_and_an_unplaced_grant_claims
         machine = gather.Machine(inventory, grant=grant_of(value, order, inventory))
         reply = conforms(gather.gpus_reply(machine, {}, {}, {}, now), "gpusReply")
         assert [gpu["index"] for gpu in reply["gpus"] if gpu["granted"]] == granted, (value, order)
+
+
+# ----- faults: a state the schema accepts that a sum or the policy refuses ------------------------------
+def _replace_state(notebook: NotebookKernel, serverapp: Any, edit: Callable[[dict[str, Any]], None]) -> None:
+    """Stop the kernel's own publishing, then write its state as it was with `edit` applied (as a kernel
+    of another tfgpu_magic, or a hostile one, could)."""
+    path = kernelstate.state_path(notebook.kernel_id, Path(serverapp.runtime_dir))
+    record = json.loads(path.read_text())
+    notebook.kernel.ok("from tfgpu_magic.jupyter import kernelstate\nkernelstate.stop_publishing()")
+    edit(record)
+    _write_state(path, **record)
+
+
+def test_in_a_container_huge_figures_neither_overflow_nor_spoil_the_gpu_list(
+        api: Api, jp_serverapp: Any, fake_nvml: RecordingNvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two memory figures of 1e308 (a JSON integer) would sum to infinity: the schema's maximum refuses
+    them (that kernel's entry says so, the list answers); two valid figures of the maximum sum to the
+    maximum, never past it."""
+    monkeypatch.setattr(processes, "foreign_pid_namespace", lambda: True)
+    notebook = NotebookKernel(api, jp_serverapp, "huge.ipynb")
+    uuid = read_inventory(Nvml(module=FakeNvml(four_gpus()))).gpus[1].uuid
+    try:
+        notebook.publish("growth on")
+
+        def figures(value: float) -> Callable[[dict[str, Any]], None]:
+            def edit(record: dict[str, Any]) -> None:
+                record["tensorflow"].update(state="initialized", memory=[
+                    {"device": f"GPU:{n}", "card": uuid, "current": value, "peak": value} for n in (0, 1)])
+            return edit
+
+        _replace_state(notebook, jp_serverapp, figures(1e308))
+        reply = api.gpus()
+        assert not [row for gpu in reply["gpus"] for row in gpu["processes"] if row["kernel"]]
+        assert api.kernel(notebook.kernel_id)["error"]["code"] == "state_invalid"
+        _replace_state(notebook, jp_serverapp, figures(kernelstate.BYTES_MAX))
+        (own,) = [row for row in api.gpus()["gpus"][1]["processes"] if row["kernel"]]
+        assert own["gpu_memory"] == kernelstate.BYTES_MAX and own["memory_source"] == "tensorflow"
+        assert api.kernel(notebook.kernel_id)["gpus"][0]["kernel_memory"] == kernelstate.BYTES_MAX
+    finally:
+        notebook.kernel.close()
+
+
+def test_keep_answers_409_for_a_published_policy_the_rules_refuse(
+        api: Api, jp_serverapp: Any, fake_nvml: RecordingNvml) -> None:
+    """A limit and a split on one GPU: each valid for the schema, together refused by `Policy.validate`.
+    A conflict in one line, nothing stored, never a 500."""
+    notebook = NotebookKernel(api, jp_serverapp, "refused.ipynb")
+    try:
+        notebook.publish("growth on")
+
+        def contradict(record: dict[str, Any]) -> None:
+            record["policy"].update(growth=None, limits=[{"gpu": "0", "bytes": 2 * GIB, "written": None}],
+                                    splits=[{"gpu": "0", "bytes": [GIB, GIB]}])
+
+        _replace_state(notebook, jp_serverapp, contradict)
+        refused = api.refused(409, "POST", "api", "tfgpu", "kernels", notebook.kernel_id, "keep")
+        message = refused["message"]
+        assert refused["code"] == "policy_refused"
+        assert "both a limit and a split" in message and "\n" not in message
+        assert not persist.pending_path(notebook.kernel_id, Path(jp_serverapp.runtime_dir)).exists()
+    finally:
+        notebook.kernel.close()

@@ -30,7 +30,7 @@ from tfgpu_magic.controller import Controller
 from tfgpu_magic.frameworks import torch as torch_room
 from tfgpu_magic.frameworks.torch import FractionSet
 from tfgpu_magic.gpus.inventory import InventoryCatalog, Nvml, driver_present, read_inventory
-from tfgpu_magic.tf import importhook
+from tfgpu_magic.tf import quietimport
 from tfgpu_magic.tf.apply import ApplyReport
 from tfgpu_magic.views import status
 
@@ -55,7 +55,7 @@ def clean_process(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(torch_room, "installed", lambda: True)
     had_torch = "torch" in sys.modules
     yield
-    importhook.disarm()
+    quietimport.disarm()
     for name in ("torch", "jax"):
         importhooks.disarm(name)
     assert had_torch or "torch" not in sys.modules, "a test imported torch in the test process"

@@ -23,7 +23,7 @@ from kernels import tensorflow_stays_out_of_pytest  # noqa: F401 (autouse)
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.errors import PolicyError
 from tfgpu_magic.gpus.inventory import InventoryCatalog, Nvml, read_inventory
-from tfgpu_magic.tf import importhook
+from tfgpu_magic.tf import quietimport
 from tfgpu_magic.views import watch
 
 MIB = 1 << 20
@@ -37,7 +37,7 @@ def ipshell() -> Iterator[InteractiveShell]:
     shell = globalipapp.get_ipython()
     yield shell
     watch.watch_off(shell)
-    importhook.disarm()
+    quietimport.disarm()
 
 
 def hooks(shell: InteractiveShell) -> dict[str, int]:
@@ -52,7 +52,7 @@ def gpu_machine(initialized: bool = True) -> tuple[FakeTF, Controller, FakeMemor
     ctl = Controller(api=fake, environ=env, catalog=InventoryCatalog(read_inventory(Nvml(module=nvml))))
     ctl.edit([ctl.parse("visible 0,1"), ctl.parse("limit 4GB 0")])
     fake.imported = True
-    importhook.disarm()
+    quietimport.disarm()
     ctl.apply()
     if initialized:
         fake.initialize()

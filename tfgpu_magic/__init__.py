@@ -14,7 +14,10 @@ if TYPE_CHECKING:
     from .language.policy import Policy
     from .tf.apply import ApplyReport
 
-__version__ = "0.1.0"
+try:  # written by the build from labextension/package.json's version (pyproject.toml, [tool.hatch.version])
+    from ._version import __version__
+except ImportError:  # a source tree on sys.path that was never built or installed
+    __version__ = "0+unknown"
 __all__ = ["Policy", "PolicyError", "configure", "current_policy", "memory", "panel", "session_config", "who"]
 
 
@@ -80,7 +83,7 @@ def memory() -> list[dict]:
 
 def who(inventory: Any = None) -> list[dict[str, Any]]:
     """Which process holds which GPU, and which notebook it is: one plain dict per process that is a
-    Jupyter kernel of this user or holds GPU memory (see the README's "Who holds the GPUs")."""
+    Jupyter kernel of this user or holds GPU memory (see docs/who.md)."""
     from .holders import who as rows
 
     return [row.as_dict() for row in rows(inventory)]

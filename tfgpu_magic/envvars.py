@@ -29,13 +29,17 @@ TORCH_IMPORT = Moment("torch_import", "PyTorch's import (its CUDA library picks 
 MOMENTS = (IMPORT, CUDA_START, ALLOCATOR_CREATION, JAX_BACKENDS, TORCH_CUDA, TORCH_IMPORT)
 
 
+EVERY_FRAMEWORK = ("tensorflow", "jax", "torch")
+"""The frameworks whose variables this tool sets; all of them read CUDA's own."""
+
+
 class EnvVar(NamedTuple):
     name: str
     reader: str
     read_at: tuple[Moment, ...]
     meaning: str
     frameworks: tuple[str, ...] = ("tensorflow",)
-    """Which frameworks read it (`tensorflow`, `jax`, `torch`; every one for CUDA's)."""
+    """Which frameworks read it (`tensorflow`, `jax`, `torch`; `EVERY_FRAMEWORK` for CUDA's)."""
 
 
 CUDA_DEVICE_ORDER = "CUDA_DEVICE_ORDER"
@@ -55,11 +59,20 @@ only under the old one; 2.13 reads the old one first). The backend in them is pi
 library loads, at `import torch` (`BackendStaticInitializer`, c10/cuda/CUDACachingAllocator.cpp), and a
 different one set later fails PyTorch's first CUDA call (pytorch#104801): they are read at its import."""
 
+SLURM_JOB_ID = "SLURM_JOB_ID"
+SLURM_STEP_GPUS = "SLURM_STEP_GPUS"
+"""Slurm's global GPU IDs (gres.conf's `/dev/nvidiaN` numbers) of a job step's GPUs, never relative to a
+device cgroup (srun(1), OUTPUT ENVIRONMENT VARIABLES). Read only, never set (`gpus.slurm`)."""
+SLURM_JOB_GPUS = "SLURM_JOB_GPUS"
+"""The same for a batch or interactive job's own step (sbatch(1), salloc(1))."""
+SLURM_GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"
+"""How many GPUs the step has on this node (srun(1), sbatch(1))."""
+
 TABLE = (
     EnvVar(CUDA_DEVICE_ORDER, "the CUDA driver (cuInit)", (CUDA_START,),
-           "PCI_BUS_ID numbers GPUs as nvidia-smi does (CUDA's default: fastest first)", ("tensorflow", "jax", "torch")),
+           "PCI_BUS_ID numbers GPUs as nvidia-smi does (CUDA's default: fastest first)", EVERY_FRAMEWORK),
     EnvVar(CUDA_VISIBLE_DEVICES, "the CUDA driver (cuInit)", (CUDA_START,),
-           "the GPUs CUDA enumerates, in this order (indices or UUIDs; empty hides all)", ("tensorflow", "jax", "torch")),
+           "the GPUs CUDA enumerates, in this order (indices or UUIDs; empty hides all)", EVERY_FRAMEWORK),
     EnvVar(TF_GPU_ALLOCATOR, "TensorFlow's GPUProcessState (GetGPUAllocator); JAX's XLA GPU client",
            (ALLOCATOR_CREATION, JAX_BACKENDS),
            "cuda_malloc_async replaces the BFC allocator with CUDA's stream-ordered pool", ("tensorflow", "jax")),
@@ -94,3 +107,37 @@ Python side."""
 def read_at(name: str) -> tuple[Moment, ...]:
     """When `name`'s readers read it; `KeyError` for a variable outside the table."""
     return BY_NAME[name].read_at
+
+
+def told_to(framework: str) -> tuple[str, ...]:
+    """The variables told to `framework` in particular (`tensorflow`, `jax` or `torch`), in `TABLE`'s
+    order: those it reads, less CUDA's own, which every framework reads (what the status lists under a
+    framework, and what the selftest's child for it notes)."""
+    return tuple(var.name for var in TABLE if framework in var.frameworks
+                 and set(var.frameworks) != set(EVERY_FRAMEWORK))
+
+
+C_SPACES = " \t\n\v\f\r"
+"""What C's `isspace` counts as space (the "C" locale)."""
+
+
+def alloc_conf_entries(value: str) -> list[tuple[str, str]]:
+    """(key, entry as written) for each entry of a `PYTORCH_CUDA_ALLOC_CONF` value, split as PyTorch
+    splits it: its `ConfigTokenizer` (c10/core/AllocatorConfig.h, torch 2.13; `lexArgs` before it) drops
+    every space character, anywhere (`std::isspace`; older ones only ' '), and cuts at `,` `:` `[` `]`;
+    `parseArgs` reads a key, then `:` and its value, then `,`. So a comma inside `[...]`
+    (`roundup_power2_divisions:[256:1,512:2]`) ends no entry, and ` backend : native` is the key
+    `backend`. Entries that are only spaces are left out (PyTorch refuses an empty one)."""
+    entries, start, depth = [], 0, 0
+    for at, char in enumerate(value + ","):
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth = max(0, depth - 1)
+        elif char == "," and depth == 0:
+            entry = value[start:at]
+            if entry.strip(C_SPACES):
+                key = entry.partition(":")[0].partition("[")[0]
+                entries.append((key.translate(dict.fromkeys(map(ord, C_SPACES))), entry))
+            start = at + 1
+    return entries

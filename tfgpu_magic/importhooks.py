@@ -4,7 +4,7 @@ code goes on: `import tensorflow`, `import torch` (`import keras` or a submodule
 A `sys.meta_path` finder for one top-level name wraps the real loader's `exec_module`; it works with the
 import and the first op in one cell. The hook removes itself once used, puts the loader back, and never
 breaks the import: a failing callback becomes a warning; a failing import re-arms it. `around` (a
-context manager factory) wraps the import itself (TensorFlow's quiet import: `tf.importhook`). Imports
+context manager factory) wraps the import itself (TensorFlow's quiet import: `tf.quietimport`). Imports
 nothing: `%load_ext` arms hooks cheaply.
 """
 

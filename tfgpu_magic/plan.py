@@ -11,20 +11,44 @@ shares (so that no card gets more than its limit); PyTorch one per device.
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple, Sequence
+from typing import Any, Literal, Mapping, NamedTuple, Sequence
 
 from .gpus.cudaenv import PCI_BUS_ID, parse_cuda_visible
-from .language.directives import gpu_name
 from .language.policy import ALL_GPUS, ALLOCATORS, Policy, is_index
 from .envvars import (CPP_LOG_LEVEL, CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, PYTORCH_ALLOC_CONF,
                       PYTORCH_CUDA_ALLOC_CONF, TF_CPP_MIN_LOG_LEVEL, TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR,
-                      XLA_CLIENT_MEM_FRACTION, XLA_PYTHON_CLIENT_PREALLOCATE)
+                      XLA_CLIENT_MEM_FRACTION, XLA_PYTHON_CLIENT_PREALLOCATE, alloc_conf_entries)
 
 
-GROWTH_WITH_CAPS = f"growth goes through {TF_FORCE_GPU_ALLOW_GROWTH}=true: TF refuses set_memory_growth on a limited GPU"
-GROWTH_WITH_CPU_SPLIT = f"growth goes through {TF_FORCE_GPU_ALLOW_GROWTH}=true: any logical device makes TF drop it"
-"""Why growth is set through the environment (context.py `_compute_device_options` drops allow_growth
-once any virtual device exists; `GetAllowGrowthValue` in gpu_bfc_allocator.cc reads the variable)."""
+NoteCode = Literal["growth_env_caps", "growth_env_logical", "hidden_by_tf", "keras_backend", "async_soft_limit",
+                   "async_growth_moot", "no_tf_index", "shares_unknown", "jax_one_fraction", "jax_split_fraction",
+                   "no_gpu", "missing_gpus"]
+"""What a note says (`views.status.NOTES` words each): growth goes through `TF_FORCE_GPU_ALLOW_GROWTH`
+because TF refuses set_memory_growth on a limited GPU (`growth_env_caps`) or drops it once any logical
+device exists (`growth_env_logical`: context.py `_compute_device_options`; `GetAllowGrowthValue` in
+gpu_bfc_allocator.cc reads the variable); CUDA started, so TensorFlow hides GPUs through
+`set_visible_devices`; Keras's other backend makes TensorFlow grow; under cuda_malloc_async a limit is
+soft and growth moot; a GPU without a TensorFlow index; cards' totals unknown (no shares for JAX and
+PyTorch); JAX's one fraction, and a split reaching it as one; no GPU for the policy's GPU settings
+(`tf.apply`), or fewer GPUs than it names."""
+
+
+class Note(NamedTuple):
+    """Something the user should know about how the policy is realised: a code and its fields (the views
+    word it; a record, so a note said once is known again by equality)."""
+
+    code: NoteCode
+    fields: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def of(self) -> dict[str, Any]:
+        """The note's fields by name."""
+        return dict(self.fields)
+
+
+def note(code: NoteCode, **fields: Any) -> Note:
+    """`Note(code, fields)` with its fields named."""
+    return Note(code, tuple(fields.items()))
 
 
 class Frameworks(NamedTuple):
@@ -74,7 +98,7 @@ class Plan(NamedTuple):
     """TF GPU indices for `set_visible_devices`, used only when CUDA started before the policy."""
     unresolved: tuple[str, ...] = ()
     """GPU references that cannot be mapped to a TensorFlow index here."""
-    notes: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()
     """Things the user should know about how the policy is realised."""
     locked_env: tuple[tuple[str, str | None, str | None, str], ...] = ()
     """(name, current, wanted, why) of variables the plan wants changed that were read already."""
@@ -163,7 +187,7 @@ def build_plan(
     `tf.config.set_visible_devices` instead.
     """
     env: dict[str, str | None] = {}
-    notes: list[str] = []
+    notes: list[Note] = []
     unresolved: list[str] = []
     visible_gpus: tuple[int, ...] | None = None
     if cuda_started:
@@ -175,7 +199,7 @@ def build_plan(
             if order is None or sorted(resolved) != list(range(len(order))):
                 visible_gpus = resolved
                 if frameworks.tensorflow:
-                    notes.append("CUDA has already started: TensorFlow hides GPUs through tf.config.set_visible_devices")
+                    notes.append(note("hidden_by_tf"))
                 if frameworks.cuda_users:  # they read it as their CUDA started: reported as waiting for a restart
                     env[CUDA_VISIBLE_DEVICES] = ",".join(policy.visible)
     else:
@@ -205,31 +229,28 @@ def build_plan(
         env[TF_FORCE_GPU_ALLOW_GROWTH] = "true"
         growth = None
         if not pool:
-            notes.append(GROWTH_WITH_CAPS if tf_limits or every is not None else GROWTH_WITH_CPU_SPLIT)
+            notes.append(note("growth_env_caps" if tf_limits or every is not None else "growth_env_logical",
+                              variable=TF_FORCE_GPU_ALLOW_GROWTH))
     elif policy.growth is not None:
         env[TF_FORCE_GPU_ALLOW_GROWTH] = None
     elif frameworks.keras_backend in KERAS_OTHER_BACKENDS:
         env[TF_FORCE_GPU_ALLOW_GROWTH] = "true"  # what Keras sets itself at `import keras` (keras/src/backend/config.py)
-        notes.append(f"Keras's backend is {frameworks.keras_backend}: TensorFlow, which Keras may import for "
-                     "tf.data, grows on demand instead of taking the cards")
+        notes.append(note("keras_backend", backend=frameworks.keras_backend))
     if pool:
         # GPUProcessState::GetGPUAllocator (gpu_process_state.cc): cuda_malloc_async replaces the BFC
         # allocator; the limit becomes the pool's release threshold, shared by logical GPUs of one card.
         if policy.limits or policy.splits:
-            notes.append("with cuda_malloc_async a memory limit is soft (the pool's release threshold), not a cap")
+            notes.append(note("async_soft_limit"))
         if policy.growth is not None:
-            notes.append("with cuda_malloc_async memory growth is moot: the pool allocates on demand")
+            notes.append(note("async_growth_moot"))
     loglevel = policy.loglevel
     if loglevel is not None:
         env[TF_CPP_MIN_LOG_LEVEL] = CPP_LOG_LEVEL[loglevel]
     for ref in unresolved:
-        why = ("it is not among the GPUs CUDA will use" if is_index(aliases.get(ref, ref) if aliases else ref)
-               else "a UUID needs the GPU inventory (or list it in `visible`)")
-        notes.append(f"{gpu_name(ref)}: no TensorFlow index is known for it here: {why}")
+        notes.append(note("no_tf_index", gpu=ref, uuid=not is_index(aliases.get(ref, ref) if aliases else ref)))
     shares = card_shares(policy, order, aliases or {}, frameworks.totals) if frameworks.jax or frameworks.torch else {}
     if (frameworks.jax or frameworks.torch) and (policy.limits or policy.splits) and not shares:
-        notes.append("JAX and PyTorch take a limit as a share of each card's total memory, which is unknown "
-                     "here (NVML): they are not limited")
+        notes.append(note("shares_unknown"))
     jax_fraction = _jax_env(policy, shares, frameworks, env, notes) if frameworks.jax else None
     if frameworks.torch:
         _torch_env(policy, frameworks, env)
@@ -252,15 +273,30 @@ def build_plan(
 KERAS_OTHER_BACKENDS = ("jax", "torch")
 """Keras backends for which TensorFlow is only a helper (tf.data), never the one training."""
 FRACTION_DIGITS = 3
-"""Fractions are rounded down to 0.1 % (80 MiB of an 80 GiB card), never above the limit."""
-ASYNC_BACKEND = "backend:cudaMallocAsync"
+"""Fractions are rounded down to 0.1 % (80 MiB of an 80 GiB card), never above the limit; a share
+below that keeps `FRACTION_DIGITS` significant digits instead (`_fraction`)."""
+BACKEND_KEY = "backend"
+"""The key of PyTorch's allocator configuration that picks the allocator (`envvars.alloc_conf_entries`)."""
+ASYNC_BACKEND = f"{BACKEND_KEY}:cudaMallocAsync"
 """PyTorch's allocator configuration for CUDA's stream-ordered pool (what `allocator async` asks)."""
 
 
 def _fraction(share: float) -> float:
-    """`share` rounded down to `FRACTION_DIGITS` (a limit is never exceeded by rounding)."""
+    """`share` rounded down to `FRACTION_DIGITS` decimals (a limit is never exceeded by rounding), and
+    never down to 0 for a positive share: 0 means no memory at all to both readers, which take any
+    fraction above it (PyTorch's `set_per_process_memory_fraction` checks only 0 <= f <= 1 and caps its
+    allocator at total × f, torch/cuda/memory.py; jaxlib reads the variable with Python's `float()`,
+    `xla_client.generate_pjrt_gpu_plugin_options`, exponents included). So a tiny limit (`limit 50MB`
+    of an 80 GiB card: 0.0006) keeps `FRACTION_DIGITS` significant digits, rounded down as well
+    (`f"{share:g}"` writes it exactly: `0.00061`, `1.22e-05`)."""
     scale = 10**FRACTION_DIGITS
-    return max(0.0, min(1.0, int(share * scale + 1e-9) / scale))
+    fraction = max(0.0, min(1.0, int(share * scale + 1e-9) / scale))
+    if fraction == 0.0 and share > 0:
+        import math
+
+        scale = 10 ** (FRACTION_DIGITS - 1 - math.floor(math.log10(share)))
+        fraction = math.floor(share * scale + 1e-9) / scale
+    return fraction
 
 
 def card_shares(policy: Policy, order: Sequence[str] | None, aliases: Mapping[str, str],
@@ -288,7 +324,7 @@ def card_shares(policy: Policy, order: Sequence[str] | None, aliases: Mapping[st
 
 
 def _jax_env(policy: Policy, shares: dict[int, float], frameworks: Frameworks, env: dict[str, str | None],
-             notes: list[str]) -> float | None:
+             notes: list[Note]) -> float | None:
     """JAX's variables (growth: no preallocation; a limit: one fraction for every GPU); its fraction."""
     if policy.growth is not None:
         env[XLA_PYTHON_CLIENT_PREALLOCATE] = "false" if policy.growth else None
@@ -296,10 +332,9 @@ def _jax_env(policy: Policy, shares: dict[int, float], frameworks: Frameworks, e
     if fraction is not None:
         env[frameworks.fraction_variable] = f"{fraction:g}"
     if fraction is not None and len(set(shares.values())) > 1:
-        notes.append(f"JAX takes one memory fraction for every GPU: {fraction:g}, the smallest of the cards' "
-                     "shares, so that no card gets more than its limit")
+        notes.append(note("jax_one_fraction", fraction=fraction))
     if fraction is not None and policy.splits:
-        notes.append("JAX has no virtual devices: a split reaches it as one memory fraction, its parts' sum")
+        notes.append(note("jax_split_fraction"))
     return fraction
 
 
@@ -308,7 +343,7 @@ def _torch_env(policy: Policy, frameworks: Frameworks, env: dict[str, str | None
     both names (pytorch#183387: 2.9.1 honoured some keys only under the old one)."""
     if policy.allocator is None:
         return
-    keys = [key for key in (frameworks.alloc_conf or "").split(",") if key and not key.startswith("backend:")]
+    keys = [entry for key, entry in alloc_conf_entries(frameworks.alloc_conf or "") if key != BACKEND_KEY]
     value = ",".join(keys + ([ASYNC_BACKEND] if policy.allocator == "async" else [])) or None
     env[PYTORCH_CUDA_ALLOC_CONF] = value
     env[PYTORCH_ALLOC_CONF] = value

@@ -4,238 +4,111 @@
  * `$defs/keepReply`): data only, memory in bytes, states as enums; English only in an error's `message`.
  * Requests go through the server's own connection settings, so its authentication applies (token,
  * XSRF cookie on the POST). A failed request becomes a `RequestFailure` saying which kind of failure.
+ * The types are generated from the schema (`schema.ts`, `npm run schema`); the names here are the ones
+ * the views use. Each request says which version of the schema the browser speaks, and each reply's
+ * `format` is compared with the browser's, so a browser and a server of different versions say which is
+ * older instead of misreading each other.
  */
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import { FORMATS, SCHEMA_VERSION, VERSION_HEADER } from './schema';
+import type * as schema from './schema';
+
 /** `$defs/tensorflowState`. */
-export type TensorFlowState = 'not_imported' | 'imported' | 'initialized';
-
-/** `$defs/error/code`. */
-export type ErrorCode =
-  | 'nvml_missing'
-  | 'no_driver'
-  | 'nvml_failed'
-  | 'driver_not_answering'
-  | 'state_invalid';
-
+export type TensorFlowState = schema.TensorflowState;
+/** `$defs/errorCode`: what an error is; the browser words it (words.ts `errorText`). */
+export type ErrorCode = schema.ErrorCode;
 /** `$defs/error`: `message` is English for a tooltip; the browser words `code`. */
-export interface IReplyError {
-  code: ErrorCode;
-  message: string;
-}
-
+export type IReplyError = schema.Error;
 /** `$defs/gpuStatus`: how far the GPU figures can be trusted. */
-export interface IGpuStatus {
-  error: IReplyError | null;
-  stale_seconds: number | null;
-  host_pids: boolean;
-}
-
+export type IGpuStatus = schema.GpuStatus;
 /** `$defs/kernelRef`: a kernel of this server. */
-export interface IKernelRef {
-  kernel_id: string;
-  notebook: string | null;
-  execution_state: string | null;
-  idle_seconds: number | null;
-  tensorflow: TensorFlowState | null;
-}
-
+export type IKernelRef = schema.KernelRef;
 /** `$defs/gpuProcess`. */
-export interface IGpuProcess {
-  pid: number;
-  gpu_memory: number | null;
-  memory_source: 'nvml' | 'tensorflow';
-  mine: boolean;
-  user: string | null;
-  kernel: IKernelRef | null;
-}
-
+export type IGpuProcess = schema.GpuProcess;
 /** `$defs/gpu`: one card, in nvidia-smi order. */
-export interface IGpu {
-  index: number;
-  name: string | null;
-  uuid: string;
-  memory_total: number | null;
-  memory_used: number | null;
-  utilization: number | null;
-  mig: string[];
-  granted: boolean;
-  processes: IGpuProcess[];
-}
-
+export type IGpu = schema.Gpu;
 /** `$defs/gpusReply`: `GET /api/tfgpu/gpus`. */
-export interface IGpusReply {
-  format: string;
-  gpus: IGpu[];
-  gpu_status: IGpuStatus;
-}
-
+export type IGpusReply = schema.GpusReply;
 /** `$defs/logicalDevice`. */
-export interface ILogicalDevice {
-  memory: number | null;
-  priority?: number | null;
-  ordinal?: number | null;
-}
-
+export type ILogicalDevice = schema.LogicalDevice;
 /** `$defs/settingValue`. */
-export type SettingValue = null | boolean | string | string[] | ILogicalDevice[];
-
-/** `$defs/lockReason`: why a change waits for a restart (`devices_created`: something else created the
- * GPU devices already; `jax_backends`, `torch_cuda`, `torch_import`: another framework read it then). */
-export type LockReason =
-  | 'initialized'
-  | 'import'
-  | 'cuda_start'
-  | 'allocator_creation'
-  | 'devices_created'
-  | 'jax_backends'
-  | 'torch_cuda'
-  | 'torch_import'
-  | 'no_call';
-
+export type SettingValue = schema.SettingValue;
+/** `$defs/lockReason`: why a change waits for a restart. */
+export type LockReason = schema.LockReason;
 /** `$defs/pendingChange`: a setting TensorFlow (or CUDA) has not taken. */
-export interface IPendingChange {
-  setting: 'visible' | 'logical' | 'cpus' | 'growth' | 'variable';
-  device: string;
-  now: SettingValue;
-  wanted: SettingValue;
-  /** null where `%tfgpu apply` can still make it. */
-  why: LockReason | null;
-  needs_restart: boolean;
-}
-
+export type IPendingChange = schema.PendingChange;
 /** `$defs/policy`: null or empty fields are TensorFlow's defaults. */
-export interface IPolicy {
-  visible: string[] | null;
-  visible_auto: boolean;
-  growth: boolean | null;
-  limits: { gpu: string; bytes: number; written: string | null }[];
-  /** `50%` where `limit 50%` was given for every GPU (each limit's `written` says it too). */
-  limits_share: string | null;
-  splits: { gpu: string; bytes: number[] }[];
-  cpu_devices: number | null;
-  allocator: 'bfc' | 'async' | null;
-  loglevel: 'debug' | 'info' | 'warning' | 'error' | null;
-}
-
+export type IPolicy = schema.Policy;
 /** `$defs/tensorflow`/`initialized_by`. */
-export interface IInitializedBy {
-  where: 'cell' | 'outside_cell' | 'before_watch';
-  execution_count: number | null;
-  line: string | null;
-}
-
+export type IInitializedBy = NonNullable<schema.Tensorflow['initialized_by']>;
 /** `$defs/tensorflow`: what the kernel published about TensorFlow. */
-export interface ITensorFlow {
-  state: TensorFlowState;
-  cuda_started: boolean;
-  initialized_by: IInitializedBy | null;
-  memory: { device: string; card: string | null; current: number; peak: number }[];
-}
-
-/** `$defs/framework`/`state`: `started` is JAX's backends or PyTorch's CUDA (what they read then is
- * fixed until a restart). */
-export type FrameworkState = 'not_imported' | 'imported' | 'started';
-
-/** `$defs/framework`/`variables`: a variable as set now (imported) or as its import will set it. */
-export interface IFrameworkVariable {
-  name: string;
-  value: string;
-}
-
-/** `$defs/framework`/`fractions`: PyTorch's per-process memory fraction of a device (CUDA's index);
- * JAX: one entry, device 0, for every device. */
-export interface IFrameworkFraction {
-  device: number;
-  fraction: number;
-}
-
-/** `$defs/framework`/`memory`: the framework's own figures of one device once started (JAX's
- * `memory_stats()`, PyTorch's allocator); `card` is the GPU's UUID where the kernel could place it. */
-export interface IFrameworkMemory {
-  device: string;
-  card: string | null;
-  current: number;
-  peak: number | null;
-  reserved: number | null;
-}
-
+export type ITensorFlow = schema.Tensorflow;
 /** `$defs/framework`: JAX or PyTorch in the kernel. */
-export interface IFramework {
-  state: FrameworkState;
-  version: string | null;
-  variables: IFrameworkVariable[];
-  fractions: IFrameworkFraction[];
-  memory: IFrameworkMemory[];
-}
-
-/** `$defs/frameworks`/`keras`/`source`: `keras` as the imported Keras says, else where the backend it
- * will take comes from. */
-export type KerasBackendSource = 'keras' | 'KERAS_BACKEND' | 'keras.json' | 'default';
-
-/** `$defs/frameworks`/`keras`: Keras 3's backend. */
-export interface IKeras {
-  backend: string;
-  source: KerasBackendSource;
-}
-
+export type IFramework = schema.Framework;
+/** `$defs/framework`/`state`. */
+export type FrameworkState = IFramework['state'];
+/** `$defs/framework`/`variables`. */
+export type IFrameworkVariable = IFramework['variables'][number];
+/** `$defs/framework`/`fractions`. */
+export type IFrameworkFraction = IFramework['fractions'][number];
+/** `$defs/framework`/`memory`. */
+export type IFrameworkMemory = IFramework['memory'][number];
 /** `$defs/frameworks`: the other frameworks in the kernel (null: not imported and told nothing). */
-export interface IFrameworks {
-  jax: IFramework | null;
-  torch: IFramework | null;
-  keras: IKeras | null;
-}
-
+export type IFrameworks = schema.Frameworks;
+/** `$defs/frameworks`/`keras`: Keras 3's backend. */
+export type IKeras = NonNullable<IFrameworks['keras']>;
+/** `$defs/frameworks`/`keras`/`source`. */
+export type KerasBackendSource = IKeras['source'];
 /** `$defs/kernelGpu`. */
-export interface IKernelGpu {
-  index: number;
-  name: string | null;
-  memory_total: number | null;
-  kernel_memory: number | null;
-  memory_source: 'nvml' | 'tensorflow' | null;
-}
-
+export type IKernelGpu = schema.KernelGpu;
 /** `$defs/kernelReply`: `GET /api/tfgpu/kernels/<id>`, answered busy or not. */
-export interface IKernelReply {
-  format: string;
-  kernel: IKernelRef;
-  pid: number | null;
-  published: boolean;
-  policy: IPolicy | null;
-  tensorflow: ITensorFlow | null;
-  pending: IPendingChange[];
-  restart_needed: boolean;
-  keep: boolean;
-  gpus_from: 'policy' | 'memory' | 'all';
-  gpus: IKernelGpu[];
-  gpu_status: IGpuStatus;
-  error: IReplyError | null;
-  frameworks: IFrameworks | null;
-}
-
+export type IKernelReply = schema.KernelReply;
+/** `$defs/cellRun`: one cell the kernel ran; a cell is the same cell as one seen before with the same `start`. */
+export type ICellRun = schema.CellRun;
+/** `$defs/memorySeries`. */
+export type IMemorySeries = schema.MemorySeries;
+/** `$defs/memorySeries`/`source`. */
+export type MemorySource = IMemorySeries['source'];
+/** `$defs/memorySeries`/`figure`. */
+export type MemoryFigure = IMemorySeries['figure'];
+/** `$defs/memoryHistory`: the kernel's GPU memory over time, columnar, only what is new after `since`
+ * (append it, pass `next_since` to the next `getKernel`, merge `cells` by `start`). */
+export type IMemoryHistory = schema.MemoryHistory;
 /** `$defs/keepReply`: `POST /api/tfgpu/kernels/<id>/keep`. */
-export interface IKeepReply {
-  format: string;
-  kept: boolean;
-}
+export type IKeepReply = schema.KeepReply;
 
 /**
  * Why a request gave no reply: `extension-missing` (the server answers, but has no /api/tfgpu: the
  * server extension is off or not installed), `server-gone` (no answer at all), `failed` (any other
- * HTTP error), `unknown-kernel` (the server extension does not know this kernel: it just started).
+ * HTTP error), `unknown-kernel` (the server extension does not know this kernel: it just started),
+ * `server-older` and `browser-older` (the two speak different versions of the schema: which is older).
  */
-export type FailureKind = 'extension-missing' | 'server-gone' | 'failed' | 'unknown-kernel';
+export type FailureKind = 'extension-missing' | 'server-gone' | 'failed' | 'unknown-kernel' | 'server-older' | 'browser-older';
 
-/** A request that gave no reply, with its kind, the HTTP status where there was one, and the detail. */
+/** A request that gave no reply, with its kind, the HTTP status where there was one, the detail (English,
+ * for a tooltip), and the code of the server's error body (`$defs/error`) where it sent one. */
 export class RequestFailure extends Error {
   constructor(
     readonly kind: FailureKind,
     readonly status: number | null,
-    detail: string
+    detail: string,
+    readonly code: ErrorCode | null = null
   ) {
     super(detail);
   }
+}
+
+/** Which side is older, from the other side's version (`null`: unreadable, taken as older than ours). */
+function olderSide(theirs: number | null): FailureKind {
+  return theirs !== null && theirs > SCHEMA_VERSION ? 'browser-older' : 'server-older';
+}
+
+/** The version a `format` ends in (`tfgpu_magic/gpus/<version>`); null where it ends in none. */
+export function formatVersion(format: unknown): number | null {
+  const last = typeof format === 'string' ? format.split('/').pop() ?? '' : '';
+  return /^\d+$/.test(last) ? Number(last) : null;
 }
 
 /** `api/tfgpu/<path>` on this server. */
@@ -244,61 +117,78 @@ function apiUrl(settings: ServerConnection.ISettings, path: string): string {
 }
 
 /**
- * The failure an HTTP error reply stands for. A 404 from the server extension's own handlers is JSON
- * (jupyter_server's `APIHandler.write_error`), one for a path no handler serves is the server's HTML
- * page (`Template404`): the first means an unknown kernel, the second a missing extension.
+ * The failure an HTTP error reply stands for, by the code of its body: every error of the server
+ * extension's handlers is `$defs/error`; a 404 without one is the server's own page for a path no
+ * handler serves (`Template404`): the extension is missing.
  */
-async function failureOf(response: Response, path: string): Promise<RequestFailure> {
+async function failureOf(response: Response): Promise<RequestFailure> {
   let detail = `${response.status} ${response.statusText}`.trim();
-  const json = (response.headers.get('Content-Type') ?? '').includes('application/json');
-  if (json) {
+  let body: Partial<IReplyError> = {};
+  if ((response.headers.get('Content-Type') ?? '').includes('application/json')) {
     try {
-      const body = (await response.json()) as { message?: unknown };
-      if (typeof body.message === 'string') {
-        detail = body.message;
-      }
+      body = (await response.json()) as Partial<IReplyError>;
     } catch {
       // the status says enough
     }
   }
-  if (response.status === 404) {
-    const ours = json && path.startsWith('kernels/');
-    return new RequestFailure(ours ? 'unknown-kernel' : 'extension-missing', 404, detail);
+  if (typeof body.message === 'string') {
+    detail = body.message;
   }
-  return new RequestFailure('failed', response.status, detail);
+  const code = typeof body.code === 'string' ? body.code : null;
+  if (code === 'version_mismatch') {
+    return new RequestFailure(olderSide(body.server_version ?? null), response.status, detail, code);
+  }
+  if (response.status === 404) {
+    return new RequestFailure(code === 'unknown_kernel' ? 'unknown-kernel' : 'extension-missing', 404, detail, code);
+  }
+  return new RequestFailure('failed', response.status, detail, code);
 }
 
-/** `method` `api/tfgpu/<path>`, the JSON reply; a `RequestFailure` when there is none. */
-async function request<T>(path: string, init: RequestInit = {}): Promise<T> {
+/** `method` `api/tfgpu/<path>` (and `query`, `?...`, outside the path), the JSON reply of `format`; a
+ * `RequestFailure` when there is none, or when it is of another version of the schema. */
+async function request<T>(path: string, format: string, init: RequestInit = {}, query = ''): Promise<T> {
   const settings = ServerConnection.makeSettings();
+  const headers = new Headers(init.headers);
+  headers.set(VERSION_HEADER, String(SCHEMA_VERSION));
   let response: Response;
   try {
-    response = await ServerConnection.makeRequest(apiUrl(settings, path), init, settings);
+    response = await ServerConnection.makeRequest(apiUrl(settings, path) + query, { ...init, headers }, settings);
   } catch (reason) {
     throw new RequestFailure('server-gone', null, String(reason));
   }
   if (!response.ok) {
-    throw await failureOf(response, path);
+    throw await failureOf(response);
   }
+  let reply: { format?: unknown };
   try {
-    return (await response.json()) as T;
+    reply = (await response.json()) as { format?: unknown };
   } catch (reason) {
     throw new RequestFailure('failed', response.status, String(reason));
   }
+  if (reply.format !== format) {
+    const detail = `the server answered ${String(reply.format).slice(0, 80)}, this page reads ${format}`;
+    throw new RequestFailure(olderSide(formatVersion(reply.format)), response.status, detail, 'version_mismatch');
+  }
+  return reply as T;
 }
 
 /** `GET /api/tfgpu/gpus`. */
 export function getGpus(): Promise<IGpusReply> {
-  return request<IGpusReply>('gpus');
+  return request<IGpusReply>('gpus', FORMATS.gpusReply);
 }
 
-/** `GET /api/tfgpu/kernels/<id>`. */
-export function getKernel(kernelId: string): Promise<IKernelReply> {
-  return request<IKernelReply>(`kernels/${encodeURIComponent(kernelId)}`);
+/** `GET /api/tfgpu/kernels/<id>`; with `since` (the last reply's `history.next_since`), the history
+ * carries only what is new, so a poll does not grow with the history. */
+export function getKernel(kernelId: string, since: number | null = null): Promise<IKernelReply> {
+  const query = since === null ? '' : `?since=${encodeURIComponent(String(since))}`;
+  return request<IKernelReply>(`kernels/${encodeURIComponent(kernelId)}`, FORMATS.kernelReply, {}, query);
 }
 
 /** `POST /api/tfgpu/kernels/<id>/keep`: the server stores the policy the kernel published for the next
  * kernel on its connection file. `makeRequest` adds the XSRF header the server checks on a POST. */
 export function keepPolicy(kernelId: string): Promise<IKeepReply> {
-  return request<IKeepReply>(`kernels/${encodeURIComponent(kernelId)}/keep`, { method: 'POST', body: '{}' });
+  return request<IKeepReply>(`kernels/${encodeURIComponent(kernelId)}/keep`, FORMATS.keepReply, {
+    method: 'POST',
+    body: '{}'
+  });
 }

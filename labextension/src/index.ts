@@ -2,14 +2,16 @@
  * tfgpu-magic: which notebook holds which GPU memory, under which TensorFlow policy, in JupyterLab 4 and
  * Notebook 7, answered by the server extension (tfgpu_magic/serverext) even while the kernel is busy.
  *
- * - one model (`model.ts`) polls the server for what is shown, through `@lumino/polling`;
+ * - one model (`model.ts`) polls the server for what is shown, through `@lumino/polling`, standing by
+ *   while the page has lost its server (`JupyterLab.IInfo.isConnected`);
  * - a status bar item for the active notebook's kernel (where the app has a status bar);
  * - a sidebar with one card per GPU, the processes on it, and "Shut down" for this user's idle kernels;
- * - the command `tfgpu:restart-run-to-selected` (palette and Kernel menu, `restart.ts`).
+ * - the command `tfgpu:restart-run-to-selected` (palette and Kernel menu, `restart.ts`);
+ * - the command `tfgpu:save-policy-to-notebook` (palette and the notebook's context menu, `notebookpolicy.ts`).
  * The refresh rate is a setting (schema/plugin.json, `ISettingRegistry`); every word goes through
  * `ITranslator` (domain `tfgpu_magic`).
  */
-import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { JupyterFrontEnd, JupyterFrontEndPlugin, JupyterLab } from '@jupyterlab/application';
 import { Dialog, ICommandPalette, ISessionContextDialogs, showDialog, showErrorMessage } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
@@ -19,6 +21,7 @@ import { Signal } from '@lumino/signaling';
 
 import type { IKernelRef } from './api';
 import { DEFAULT_REFRESH_MS, GpuModel, IDemand } from './model';
+import { SAVE_POLICY_COMMAND, savePolicyToNotebook } from './notebookpolicy';
 import { COMMAND, JUPYTERLAB_COMMAND, Plan, caption, plan, restartRunToSelected } from './restart';
 import { GpuSidebar, SIDEBAR_ID, kernelName } from './sidebar';
 import { GpuStatus, STATUS_ID } from './status';
@@ -49,7 +52,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
   description: 'GPU status bar item, GPU sidebar and restart-with-policy command of tfgpu_magic.',
   autoStart: true,
   requires: [INotebookTracker],
-  optional: [IStatusBar, ICommandPalette, ISettingRegistry, ITranslator, ISessionContextDialogs],
+  optional: [IStatusBar, ICommandPalette, ISettingRegistry, ITranslator, ISessionContextDialogs, JupyterLab.IInfo],
   activate: (
     app: JupyterFrontEnd,
     tracker: INotebookTracker,
@@ -57,7 +60,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     palette: ICommandPalette | null,
     settingRegistry: ISettingRegistry | null,
     translator: ITranslator | null,
-    sessionDialogs: ISessionContextDialogs | null
+    sessionDialogs: ISessionContextDialogs | null,
+    info: JupyterLab.IInfo | null
   ): void => {
     const translation = translator ?? nullTranslator;
     const trans = translation.load(DOMAIN);
@@ -72,7 +76,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
         const statusShown = status?.isVisible ?? false;
         const id = kernelId();
         return { kernelId: id !== null && (sidebarShown || statusShown) ? id : null, gpus: sidebarShown };
-      }
+      },
+      // false while JupyterLab shows its "Server Connection Error" dialog: the poll stands by
+      connected: (): boolean => info?.isConnected ?? true
     });
     const refresh = (): void => void model.refresh();
 
@@ -163,6 +169,20 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
     });
     palette?.addItem({ command: COMMAND, category: trans.__('Kernel Operations') });
+
+    app.commands.addCommand(SAVE_POLICY_COMMAND, {
+      label: trans.__('Save GPU Policy to Notebook Metadata'),
+      caption: trans.__(
+        "Put this kernel's GPU policy into the notebook's metadata (tfgpu.policy), so its kernel starts with it next time; then save the notebook"
+      ),
+      isEnabled: () => !!tracker.currentWidget?.sessionContext.session?.kernel,
+      execute: async () => {
+        const panel = tracker.currentWidget;
+        return panel ? savePolicyToNotebook(panel, trans) : false;
+      }
+    });
+    palette?.addItem({ command: SAVE_POLICY_COMMAND, category: trans.__('Notebook Operations') });
+    app.contextMenu.addItem({ command: SAVE_POLICY_COMMAND, selector: '.jp-Notebook', rank: 90 });
   }
 };
 

@@ -4,11 +4,17 @@
  *
  * It asks only what something shown needs (`demand`): the active notebook's kernel while the status
  * item or the sidebar shows it, the cards while the sidebar is open; nothing while the page is hidden
- * (`standby`), nothing with no notebook and the sidebar closed. It keeps the last good reply of each
- * endpoint with the time it came, so views can show old figures marked stale, and the current failure.
+ * (`standby`), nothing with no notebook and the sidebar closed, nothing while the page has lost its server
+ * (`connected`). It keeps the last good reply of each endpoint with the time it came, so views can show
+ * old figures marked stale, and the current failure.
  * While failing it probes with one request at a time, backing off (Poll's backoff), and never sends
  * more than `FAILING_BUDGET` requests in `FAILING_WINDOW_MS`: a server without the extension, or a
  * server gone, is not hammered by every open tab.
+ *
+ * Memory over time (`history.ts`): while the sidebar shows the cards it also asks about each kernel of
+ * this server on them (its chart), each time with `since`, the last answer's `next_since`, so a poll
+ * carries only new samples, appended to a buffer per kernel bounded by the server's span. A kernel
+ * the server no longer knows (ended) loses its buffer; a restarted one (another pid) starts a fresh one.
  */
 import { VDomModel } from '@jupyterlab/ui-components';
 import { Poll } from '@lumino/polling';
@@ -21,6 +27,7 @@ import {
   getGpus,
   getKernel
 } from './api';
+import { IKernelHistory, appendHistory } from './history';
 
 /** What the views need now: a kernel's status (its id), the cards. */
 export interface IDemand {
@@ -45,7 +52,7 @@ export interface IFailure {
 /** The refresh rate's default and least value (the settings schema, schema/plugin.json, says the same). */
 export const DEFAULT_REFRESH_MS = 3000;
 const MIN_REFRESH_MS = 1000;
-/** At most this many requests in any `FAILING_WINDOW_MS` while failing (the issue's cap: 6 a minute);
+/** At most this many requests in any `FAILING_WINDOW_MS` while failing (6 a minute, so that a failing server is not hammered);
  * the window is a second longer than a minute, so that no minute measured anyhow holds more. */
 const FAILING_BUDGET = 6;
 const FAILING_WINDOW_MS = 61_000;
@@ -58,12 +65,13 @@ export class GpuModel extends VDomModel {
   constructor(options: IGpuModelOptions) {
     super();
     this._demand = options.demand;
+    this._connected = options.connected ?? ((): boolean => true);
     this._poll = new Poll<void, RequestFailure, 'standby'>({
       factory: (): Promise<void> => this._tick(),
       frequency: { interval: clampRefresh(options.refreshRate), backoff: true, max: MAX_BACKOFF_MS },
       linger: 0,
       name: 'tfgpu-magic:GpuModel',
-      standby: (): boolean | Poll.Standby => (this._nothingShown() ? true : 'when-hidden')
+      standby: (): boolean | Poll.Standby => (this._nothingShown() || !this._connected() ? true : 'when-hidden')
     });
   }
 
@@ -75,6 +83,11 @@ export class GpuModel extends VDomModel {
   /** The last good reply about `kernelId`, or null. */
   kernel(kernelId: string | null): IReceived<IKernelReply> | null {
     return kernelId === null ? null : (this._kernels.get(kernelId) ?? null);
+  }
+
+  /** What the browser holds of `kernelId`'s memory over time, or null. */
+  history(kernelId: string | null): IKernelHistory | null {
+    return kernelId === null ? null : (this._histories.get(kernelId) ?? null);
   }
 
   /** Whether the server extension said it does not know `kernelId` (a kernel that just started). */
@@ -136,22 +149,35 @@ export class GpuModel extends VDomModel {
         throw new RequestFailure(this._failure.kind, this._failure.status, this._failure.detail);
       }
       // one request while failing: the cards where shown (never a 404 of a kernel just started)
-      return this._ask(demand.gpus ? { kernelId: null, gpus: true } : demand);
+      return this._ask(demand.gpus ? { kernelId: null, gpus: true } : demand, true);
     }
     return this._ask(demand);
   }
 
-  /** Send the requests `demand` names, keep what comes; throw the first failure, after recording it. */
-  private async _ask(demand: IDemand): Promise<void> {
+  /** The kernels of this server on the cards last seen (their charts), at most `KEPT_KERNELS`. */
+  private _cardKernels(): string[] {
+    const ids = (this._gpus?.reply.gpus ?? []).flatMap(gpu => gpu.processes.map(proc => proc.kernel?.kernel_id ?? null));
+    return [...new Set(ids.filter((id): id is string => id !== null))].slice(0, KEPT_KERNELS);
+  }
+
+  /** Send the requests `demand` names (with the cards, their kernels too, unless this is a `probe` while
+   * failing: one request), keep what comes; throw the first failure, after recording it. */
+  private async _ask(demand: IDemand, probe = false): Promise<void> {
     const kernelId = demand.kernelId;
-    const asks: Promise<void>[] = [];
-    if (kernelId !== null) {
-      asks.push(
-        getKernel(kernelId).then(reply => {
-          this._keepKernel(kernelId, { reply, at: Date.now() });
-        })
-      );
-    }
+    const others = demand.gpus && !probe ? this._cardKernels() : [];
+    const kernels = [...new Set([...(kernelId !== null ? [kernelId] : []), ...others])];
+    const unknown: string[] = [];
+    const asks: Promise<void>[] = kernels.map(id =>
+      getKernel(id, this.history(id)?.nextSince ?? null).then(
+        reply => this._keepKernel(id, { reply, at: Date.now() }),
+        (reason: unknown) => {
+          if (reason instanceof RequestFailure && reason.kind === 'unknown-kernel') {
+            unknown.push(id);
+          }
+          throw reason;
+        }
+      )
+    );
     if (demand.gpus) {
       asks.push(
         getGpus().then(reply => {
@@ -161,6 +187,10 @@ export class GpuModel extends VDomModel {
     }
     this._sends.push(...asks.map(() => Date.now()));
     const outcomes = await Promise.allSettled(asks);
+    for (const id of unknown) {
+      this._unknown.add(id);
+      this._histories.delete(id); // the kernel ended (or not started yet): nothing of it to draw
+    }
     let failed: RequestFailure | null = null;
     for (const outcome of outcomes) {
       if (outcome.status === 'fulfilled') {
@@ -168,8 +198,7 @@ export class GpuModel extends VDomModel {
       }
       const reason = outcome.reason;
       const failure = reason instanceof RequestFailure ? reason : new RequestFailure('failed', null, String(reason));
-      if (failure.kind === 'unknown-kernel' && kernelId !== null) {
-        this._unknown.add(kernelId);
+      if (failure.kind === 'unknown-kernel') {
         continue;
       }
       failed = failed ?? failure;
@@ -198,18 +227,27 @@ export class GpuModel extends VDomModel {
     this._unknown.delete(kernelId);
     this._kernels.delete(kernelId); // re-inserted last: the map's order is the order of use
     this._kernels.set(kernelId, received);
+    const history = appendHistory(this.history(kernelId), received.reply);
+    if (history === null) {
+      this._histories.delete(kernelId);
+    } else {
+      this._histories.set(kernelId, history);
+    }
     for (const old of this._kernels.keys()) {
       if (this._kernels.size <= KEPT_KERNELS) {
         break;
       }
       this._kernels.delete(old);
+      this._histories.delete(old);
     }
   }
 
   private readonly _demand: () => IDemand;
+  private readonly _connected: () => boolean;
   private readonly _poll: Poll<void, RequestFailure, 'standby'>;
   private _gpus: IReceived<IGpusReply> | null = null;
   private readonly _kernels = new Map<string, IReceived<IKernelReply>>();
+  private readonly _histories = new Map<string, IKernelHistory>();
   private readonly _unknown = new Set<string>();
   private _failure: IFailure | null = null;
   /** When each request since the last fully answered one was sent: while failing, the budget's count. */
@@ -227,4 +265,8 @@ export interface IGpuModelOptions {
   refreshRate: number;
   /** What the views show now; asked at every tick. */
   demand: () => IDemand;
+  /** Whether the page is connected to its server (JupyterLab's `IInfo.isConnected`, false while the
+   * "server connection lost" dialog is up): the poll stands by while it is false, as JupyterLab's own
+   * service manager does. Always connected where it is not given. */
+  connected?: () => boolean;
 }

@@ -17,7 +17,7 @@ import type { ITranslator, TranslationBundle } from '@jupyterlab/translation';
 
 import { IKernelReply, RequestFailure, keepPolicy } from './api';
 import type { GpuModel } from './model';
-import { policyPhrases } from './words';
+import { errorText, failureText, policyPhrases } from './words';
 
 export const COMMAND = 'tfgpu:restart-run-to-selected';
 /** JupyterLab's own command, for kernels whose policy cannot be kept. */
@@ -28,7 +28,10 @@ const DECIDE_WAIT_MS = 1500;
 /** Whether the policy can be kept, and why not. */
 export type Plan =
   | { keep: true; reply: IKernelReply }
-  | { keep: false; why: 'no-kernel' | 'not-python' | 'extension-missing' | 'no-reply' | 'not-published' | 'state-invalid' | 'no-keep' };
+  | {
+      keep: false;
+      why: 'no-kernel' | 'not-python' | 'extension-missing' | 'no-reply' | 'not-published' | 'state-invalid' | 'state-unchecked' | 'no-keep';
+    };
 
 /** What the command will do for `panel`'s kernel, from the model's last answer about it. */
 export function plan(
@@ -54,6 +57,9 @@ export function plan(
   if (reply.error?.code === 'state_invalid') {
     return { keep: false, why: 'state-invalid' };
   }
+  if (reply.error?.code === 'jsonschema_missing' || reply.error?.code === 'jsonschema_old') {
+    return { keep: false, why: 'state-unchecked' };
+  }
   if (!reply.published) {
     return { keep: false, why: 'not-published' };
   }
@@ -73,6 +79,7 @@ export function caption(trans: TranslationBundle, planned: Plan): string {
     'extension-missing': trans.__('the tfgpu_magic server extension is off'),
     'no-reply': trans.__('the server has said nothing about this kernel yet'),
     'state-invalid': trans.__("the kernel's state file is not one tfgpu_magic wrote"),
+    'state-unchecked': trans.__("the server cannot check the kernel's state file: its jsonschema is missing or older than 4.0"),
     'not-published': trans.__('tfgpu_magic is not loaded in this kernel'),
     'no-keep': trans.__("a kept policy would not be applied: tfgpu_magic's startup file is not in the kernel's IPython profile")
   };
@@ -125,8 +132,7 @@ export async function restartRunToSelected(
   try {
     await keepPolicy(kernel.id);
   } catch (reason) {
-    const detail = reason instanceof RequestFailure ? reason.message : String(reason);
-    await showErrorMessage(trans.__('GPU policy not kept; the kernel was not restarted'), detail);
+    await showErrorMessage(trans.__('GPU policy not kept; the kernel was not restarted'), refusalText(trans, reason));
     return false;
   }
   await sessionContext.restartKernel();
@@ -139,4 +145,14 @@ export async function restartRunToSelected(
     options.translator
   );
   return true;
+}
+
+/** Why the server did not keep the policy, worded from its error body's code (the server's English
+ * only as the detail after it). */
+function refusalText(trans: TranslationBundle, reason: unknown): string {
+  if (!(reason instanceof RequestFailure)) {
+    return String(reason);
+  }
+  const { what, fix } = reason.code !== null ? errorText(trans, reason.code) : failureText(trans, reason.kind, reason.status);
+  return [what, fix, trans.__('Server: %1', reason.message)].filter(line => line !== '').join('\n');
 }

@@ -1,8 +1,9 @@
 /**
  * The GPU sidebar: what cannot be shown and why (with the fix), this notebook's kernel and the other
  * frameworks in it (JAX, PyTorch, Keras's backend: none for a TensorFlow-only kernel), then a card per
- * GPU with its processes, "Shut down" for this user's idle kernels, and the other frameworks' own
- * figures of this notebook placed on their card. A view of the model
+ * GPU with its processes, "Shut down" for this user's idle kernels, a chart of each notebook's memory
+ * on the card over time (`chart.tsx`), and the other frameworks' own figures of this notebook placed on
+ * their card. A view of the model
  * (`VDomRenderer`): React reconciles every poll into the same nodes, keyed by card UUID and pid, so a
  * focused button keeps its focus and a click lands. Notebook names come from users and are rendered
  * as text only.
@@ -14,6 +15,8 @@ import React from 'react';
 
 import { StaleMark } from './age';
 import type { IGpu, IGpuProcess, IKernelReply, IKernelRef } from './api';
+import { MemoryChart } from './chart';
+import { ICardLines, IKernelHistory, cardLines } from './history';
 import type { GpuModel } from './model';
 import { IProblem, problems } from './problems';
 import { bytesText, gibPair } from './sizes';
@@ -106,6 +109,7 @@ export class GpuSidebar extends VDomRenderer<GpuModel> {
                 gpu={gpu}
                 kernelId={kernelId}
                 shutdown={this.shutdown}
+                history={id => model.history(id)}
                 figures={figures.filter(figure => figure.row.card === gpu.uuid)}
               />
             ))}
@@ -167,6 +171,7 @@ function Card(props: {
   gpu: IGpu;
   kernelId: string | null;
   shutdown: Shutdown;
+  history: (kernelId: string) => IKernelHistory | null;
   figures: FrameworkFigure[];
 }): JSX.Element {
   const { trans, gpu, kernelId } = props;
@@ -203,7 +208,14 @@ function Card(props: {
       <ul className="tfgpu-processes">
         {gpu.processes.length === 0 && <li className="tfgpu-process tfgpu-none">{trans.__('no process')}</li>}
         {gpu.processes.map(proc => (
-          <Process key={`${proc.memory_source}-${proc.pid}`} trans={trans} proc={proc} kernelId={kernelId} shutdown={props.shutdown} />
+          <Process
+            key={`${proc.memory_source}-${proc.pid}`}
+            trans={trans}
+            proc={proc}
+            kernelId={kernelId}
+            shutdown={props.shutdown}
+            lines={proc.kernel ? cardLines(props.history(proc.kernel.kernel_id), gpu.index) : null}
+          />
         ))}
       </ul>
       {props.figures.length > 0 && (
@@ -234,6 +246,7 @@ function Process(props: {
   proc: IGpuProcess;
   kernelId: string | null;
   shutdown: Shutdown;
+  lines: ICardLines | null;
 }): JSX.Element {
   const { trans, proc } = props;
   const kernel = proc.kernel;
@@ -266,6 +279,7 @@ function Process(props: {
           {trans.__('Shut down')}
         </button>
       )}
+      {props.lines && <MemoryChart trans={trans} lines={props.lines} />}
     </li>
   );
 }

@@ -8,7 +8,6 @@ import type { TranslationBundle } from '@jupyterlab/translation';
 
 import type {
   FailureKind,
-  ErrorCode,
   FrameworkState,
   IFramework,
   IFrameworkMemory,
@@ -21,6 +20,7 @@ import type {
   SettingValue,
   TensorFlowState
 } from './api';
+import type { FrameworkSource, IPoint } from './history';
 import { bytesText, directiveSize, gibPair, splitSize } from './sizes';
 
 /** The server extension's module, as `jupyter server extension enable` names it. */
@@ -363,56 +363,7 @@ export function frameworkMemory(
   return (['jax', 'torch'] as const).flatMap(name => (frameworks?.[name]?.memory ?? []).map(row => ({ name, row })));
 }
 
-/** An error code of a reply in words: a few for the status bar (`short`), what it means, its fix. */
-interface IErrorWords extends IProblemText {
-  short: string;
-}
-
-function errorWords(trans: TranslationBundle, code: ErrorCode): IErrorWords {
-  switch (code) {
-    case 'nvml_missing':
-      return {
-        short: trans.__('NVML not installed'),
-        what: trans.__("NVML is not installed for the Jupyter server's Python: no GPU figures."),
-        fix: trans.__("Install it in the server's environment (pip install nvidia-ml-py), then restart JupyterLab.")
-      };
-    case 'no_driver':
-      return {
-        short: trans.__('no NVIDIA driver'),
-        what: trans.__('No NVIDIA driver on this machine: no GPU to show.'),
-        fix: trans.__('On a GPU machine: install the driver, or start the container with its GPUs (docker run --gpus all).')
-      };
-    case 'nvml_failed':
-      return {
-        short: trans.__('NVML did not start'),
-        what: trans.__('NVML did not start: no GPU figures.'),
-        fix: trans.__('Run %tfgpu doctor in a notebook to see why.')
-      };
-    case 'driver_not_answering':
-      return {
-        short: trans.__('driver not answering'),
-        what: trans.__('The NVIDIA driver is not answering: the figures are its last good ones.'),
-        fix: trans.__('Run %tfgpu doctor in a notebook; nvidia-smi may hang too.')
-      };
-    case 'state_invalid':
-      return {
-        short: trans.__('state file not ours'),
-        what: trans.__("This kernel's tfgpu state file is not one tfgpu_magic wrote: its policy is not shown."),
-        fix: trans.__('Restart the kernel; it writes the file anew.')
-      };
-  }
-}
-
-/** What an error code of a reply means, and its fix. */
-export function errorText(trans: TranslationBundle, code: ErrorCode): IProblemText {
-  const { what, fix } = errorWords(trans, code);
-  return { what, fix };
-}
-
-/** An error code in a few words, for the status bar: `no NVIDIA driver`. */
-export function errorShort(trans: TranslationBundle, code: ErrorCode): string {
-  return errorWords(trans, code).short;
-}
+export { errorShort, errorText } from './errorwords';
 
 /** What a failed request means, and its fix. */
 export function failureText(trans: TranslationBundle, kind: FailureKind, status: number | null): IProblemText {
@@ -437,6 +388,16 @@ export function failureText(trans: TranslationBundle, kind: FailureKind, status:
         what: trans.__('The server extension does not know this kernel yet.'),
         fix: ''
       };
+    case 'server-older':
+      return {
+        what: trans.__("The tfgpu_magic server extension is older than this page's extension: no GPU figures."),
+        fix: trans.__("Install the same tfgpu_magic in the Jupyter server's environment, then restart JupyterLab.")
+      };
+    case 'browser-older':
+      return {
+        what: trans.__("This page's tfgpu_magic extension is older than the server extension: no GPU figures."),
+        fix: trans.__('Reload this page (JupyterLab loads the newer extension), or restart JupyterLab.')
+      };
   }
 }
 
@@ -453,6 +414,10 @@ export function failureShort(
       return trans.__('GPU: server not answering');
     case 'failed':
       return trans.__('GPU: request failed (HTTP %1)', status ?? '?');
+    case 'server-older':
+      return trans.__('GPU: server extension older than the page');
+    case 'browser-older':
+      return trans.__('GPU: page older than the server extension');
   }
 }
 
@@ -476,6 +441,24 @@ export function age(trans: TranslationBundle, seconds: number): string {
     return trans.__('%1 min', Math.round(whole / 60));
   }
   return trans.__('%1 h', Math.round(whole / 3600));
+}
+
+/** A memory chart's text equivalent: `last 12 min: peak 5.9 GiB during cell [3]; now 2.9 GiB`. */
+export function historyText(trans: TranslationBundle, seconds: number, peak: IPoint, now: IPoint): string {
+  const during = peak.cell === null ? trans.__('outside any cell') : trans.__('during cell [%1]', peak.cell);
+  return trans.__('last %1: peak %2 %3; now %4', age(trans, seconds), bytesText(peak.bytes), during, bytesText(now.bytes));
+}
+
+/** One point of a memory chart: `14:02:31 · 3.1 GiB · cell [4]`. */
+export function historyPoint(trans: TranslationBundle, point: IPoint): string {
+  const cell = point.cell === null ? trans.__('no cell running') : trans.__('cell [%1]', point.cell);
+  return [new Date(point.time * 1000).toLocaleTimeString(), bytesText(point.bytes), cell].join(' · ');
+}
+
+/** What a chart's dashed line is: `dashed: TensorFlow's own figure (its tensors)`. */
+export function historyOwn(trans: TranslationBundle, source: FrameworkSource): string {
+  const name = source === 'tensorflow' ? 'TensorFlow' : FRAMEWORK_LABELS[source];
+  return trans.__("dashed: %1's own figure (its tensors)", name);
 }
 
 /** `stale: 42 s old`. */

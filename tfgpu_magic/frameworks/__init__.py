@@ -27,3 +27,18 @@ class FrameworkView(NamedTuple):
     backend: str | None = None
     """Keras: its backend, and where it comes from (`backend_source`)."""
     backend_source: str | None = None
+
+
+class FrameworkMemory(NamedTuple):
+    """One device's memory as JAX or PyTorch itself counts it, in bytes (`Controller.framework_memory`)."""
+
+    device: str
+    """The framework's name for it: `gpu:0` (JAX), `cuda:0` (PyTorch)."""
+    card: str | None
+    """The card's UUID, placed by CUDA's order of this process's GPUs (None: unknown)."""
+    current: int
+    """In use now: JAX's bytes in use, PyTorch's allocated."""
+    peak: int | None
+    """JAX's peak in use (None: PyTorch, whose peak is not read)."""
+    reserved: int | None
+    """JAX's pool limit, PyTorch's reserved (None: not given)."""

@@ -1,14 +1,18 @@
 """`CUDA_VISIBLE_DEVICES` read the way CUDA reads it, and the grant it makes: the GPUs a process
-was started with, placed on NVML's cards, and the catalog that keeps a policy inside them (pure:
-the inventory is given)."""
+was started with, placed on NVML's cards (with a Slurm job's record, `gpus.slurm`, where the process
+runs in one), and the catalog that keeps a policy inside them (pure: the inventory and environment
+are given; only where an NVIDIA driver is present may `grant_of` ask CUDA's numbering of a child,
+`gpus.cudaprobe`)."""
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, Mapping, NamedTuple
 
 from ..errors import PolicyError
 from ..language.policy import MAX_WHOLE, is_uuid, short_uuid, whole_number
+from . import cudaprobe
 from .inventory import Gpu, Inventory, InventoryCatalog, freest_first
+from .slurm import SlurmGrant, slurm_grant
 
 _BLANKS = " \t"
 """What CUDA skips around an entry; a newline is not among them (`GPU-abc\n` is no UUID)."""
@@ -72,6 +76,12 @@ class Grant(NamedTuple):
     so which card it is cannot be told from the index, and is not guessed."""
     cards: tuple[int | None, ...] = ()
     """The nvidia-smi index of the card each entry is on (a MIG instance: its card); None where unknown."""
+    card_set: tuple[int, ...] | None = None
+    """The nvidia-smi indices of the cards the grant gives where a scheduler's record says which they
+    are, even where CUDA's order among them (which entry is which card) cannot be told; None: only
+    `cards` tell."""
+    source: SlurmGrant | None = None
+    """The Slurm job whose record (`gpus.slurm`) matched this grant; None: no scheduler's record."""
 
     @property
     def restricts(self) -> bool:
@@ -85,12 +95,18 @@ class Grant(NamedTuple):
     def granted_cards(self) -> frozenset[int] | None:
         """nvidia-smi indices of the cards this grant gives (some of them, where `placed` is False);
         None without a grant (every card). What `who` and the sidebar mark."""
-        return None if self.value is None else frozenset(card for card in self.cards if card is not None)
+        if self.value is None:
+            return None
+        if self.card_set is not None:
+            return frozenset(self.card_set)
+        return frozenset(card for card in self.cards if card is not None)
 
     def gives(self, card: int) -> bool:
         """Whether card `card` (nvidia-smi index) is this grant's to use: every card without a grant, or
         where its entries cannot all be placed on cards (indices in CUDA's default order: nothing is
         claimed)."""
+        if self.card_set is not None:
+            return card in self.card_set
         return self.value is None or not self.placed or card in self.cards
 
     def words(self) -> str:
@@ -123,11 +139,14 @@ class Grant(NamedTuple):
     def devices(self, inventory: Inventory) -> tuple[Gpu, ...] | None:
         """The granted devices as cards, in the grant's order: a whole card as NVML lists it, a MIG
         instance as its card under the instance's UUID and size (its free memory unknown); None where
-        an entry is not placed on `inventory`. Without a grant, every card."""
+        an entry is not placed on `inventory`. Where only the set of cards is known (`card_set`), those
+        cards in nvidia-smi order. Without a grant, every card."""
         if self.value is None:
             return inventory.gpus
         if not self.placed:
-            return None
+            if self.card_set is None:
+                return None
+            return tuple(gpu for gpu in inventory.gpus if gpu.index in self.card_set)
         cards = {gpu.index: gpu for gpu in inventory.gpus}
         devices = []
         for pin, index in zip(self.pins, self.cards):
@@ -140,7 +159,7 @@ class Grant(NamedTuple):
     def covers(self, uuid: str, card: int | None) -> bool:
         """Whether the device `uuid` (on nvidia-smi's card `card`, None if unknown) is granted: named by
         the grant, or on a card the grant gives whole (the card itself, or one of its MIG instances)."""
-        if self.value is None:
+        if self.value is None or (card is not None and self.card_set is not None and card in self.card_set):
             return True
         return any(pin is not None and (_same_uuid(pin, uuid)
                                         or (card is not None and granted == card and not is_mig_ref(pin)))
@@ -158,10 +177,78 @@ def is_mig_ref(ref: str) -> bool:
     return ref.upper().startswith("MIG-")
 
 
-def grant_of(value: str | None, order: str | None = None, inventory: Inventory | None = None) -> Grant:
+def grant_of(value: str | None, order: str | None = None, inventory: Inventory | None = None,
+             environ: Mapping[str, str] | None = None) -> Grant:
     """The grant of a process started with `CUDA_VISIBLE_DEVICES=value` and `CUDA_DEVICE_ORDER=order`,
     placed on the cards of `inventory` (NVML's; None or unavailable: UUIDs stay as given, indices are
-    placed only in PCI order). Parsed as CUDA parses it (`parse_cuda_visible`)."""
+    placed only in PCI order). Parsed as CUDA parses it (`parse_cuda_visible`).
+
+    `environ`, the process's environment (every caller passes its own: the one way to a grant), adds
+    what it tells: a Slurm job's record (`gpus.slurm`) gives the set of cards even where CUDA's order
+    among them is unknown, and places a grant of one card; the CUDA driver, asked in a child
+    (`gpus.cudaprobe`, only where a driver is present), places indices in CUDA's own order."""
+    grant = _as_cuda_reads(value, order, inventory)
+    if environ is None or value is None or inventory is None or not inventory.available:
+        return grant
+    entries = parse_cuda_visible(value).entries
+    if not entries or len(entries) != len(grant.pins):  # CUDA stops at an entry NVML does not list
+        return grant
+    slurm = slurm_grant(environ)
+    job = slurm.cards(inventory) if slurm is not None and slurm.matches(entries) else None
+    placed = _placement(grant, value, order, inventory, environ, entries, job)
+    if job is None:
+        return grant if placed is None else grant._replace(pins=placed[0], cards=placed[1])
+    if placed is not None and set(placed[1]) != set(_indices(job)):
+        return grant  # CUDA's numbering and Slurm's record disagree: nothing tells which card is which
+    pins, cards = placed if placed is not None else (grant.pins, grant.cards)
+    return Grant(value, pins, cards, _indices(job), slurm)
+
+
+Placement = tuple[tuple[str | None, ...], tuple[int | None, ...]]
+"""(pins, cards) of a grant's entries: how a policy names each, and its nvidia-smi card."""
+
+
+def _placement(grant: Grant, value: str, order: str | None, inventory: Inventory, environ: Mapping[str, str],
+               entries: tuple[str, ...], job: tuple[Gpu, ...] | None) -> Placement | None:
+    """Each entry's card where something tells it; None where nothing does. In PCI order an index
+    counted inside a Slurm job's device cgroup (0..n-1 where Slurm's IDs are others) is the job's
+    card of that rank by bus (nvidia-smi order is bus order); otherwise what `CUDA_VISIBLE_DEVICES`
+    alone places; else the CUDA driver's answer (`_in_cuda_order`); else, for a job of one card, that
+    card: every order numbers it 0."""
+    ranks = tuple(range(len(job))) if job is not None else ()
+    if job is not None and order == PCI_BUS_ID and set(entries) == {str(rank) for rank in ranks} \
+            and any(gpu.minor != rank for gpu, rank in zip(job, ranks)):
+        ranked = [job[int(entry)] for entry in entries]
+        return tuple(gpu.uuid for gpu in ranked), tuple(gpu.index for gpu in ranked)
+    if grant.placed:
+        return grant.pins, grant.cards
+    found = _in_cuda_order(value, order, inventory, environ, len(entries))
+    if found is None and job is not None and len(job) == 1:
+        return (job[0].uuid,), (job[0].index,)
+    return found
+
+
+def _indices(gpus: tuple[Gpu, ...]) -> tuple[int, ...]:
+    return tuple(gpu.index for gpu in gpus)
+
+
+def _in_cuda_order(value: str, order: str | None, inventory: Inventory, environ: Mapping[str, str],
+                   count: int) -> Placement | None:
+    """(UUIDs, nvidia-smi indices) of the `count` devices CUDA numbers 0, 1, … under `value`, as the
+    CUDA driver answers in a child (`gpus.cudaprobe`); None where it gives no answer, another count,
+    or a device NVML does not list as a card."""
+    uuids = cudaprobe.cuda_uuids(value, order, environ)
+    if uuids is None or len(uuids) != count:
+        return None
+    cards = {gpu.uuid.lower(): gpu for gpu in inventory.gpus}
+    found = [cards.get(uuid.lower()) for uuid in uuids]
+    if any(gpu is None for gpu in found):
+        return None
+    return tuple(gpu.uuid for gpu in found if gpu), tuple(gpu.index for gpu in found if gpu)
+
+
+def _as_cuda_reads(value: str | None, order: str | None, inventory: Inventory | None) -> Grant:
+    """`grant_of` from `CUDA_VISIBLE_DEVICES` and the inventory alone."""
     if value is None:
         return Grant(None)
     known = inventory.known_refs() if inventory is not None else None

@@ -60,6 +60,9 @@ class Gpu(NamedTuple):
     utilization_pct: int | None = None
     processes: tuple[GpuProcess, ...] = ()
     mig_devices: tuple[MigDevice, ...] = ()
+    minor: int | None = None
+    """N of the card's `/dev/nvidiaN` (NVML's minor number): how Slurm's gres numbers it
+    (`gpus.slurm`); None where NVML does not tell."""
 
     @property
     def ref(self) -> str:
@@ -81,6 +84,9 @@ class Inventory(NamedTuple):
     """How long an NVML call has been waiting, where the driver is not answering; None: it answers."""
     warning: str | None = None
     """What must be said with the figures (that they are stale, and why)."""
+    error_code: str | None = None
+    """What `error` (or a stale reading's `warning`) is, as a code (`NVML_MISSING` ..., the schema's
+    `$defs/errorCode`): set where it happens, so nobody compares messages; None with neither."""
 
     @property
     def available(self) -> bool:
@@ -203,6 +209,10 @@ def freest_first(gpu: Gpu) -> tuple[int, int, int]:
     return -(gpu.memory_free_mib or 0), 101 if gpu.utilization_pct is None else gpu.utilization_pct, gpu.index
 
 
+NVML_MISSING, NO_DRIVER_FOUND, NVML_FAILED, DRIVER_NOT_ANSWERING = (
+    "nvml_missing", "no_driver", "nvml_failed", "driver_not_answering")
+"""`Inventory.error_code`s (`$defs/errorCode` of jupyter/tfgpu-state.schema.json)."""
+
 NO_BINDING = "nvidia-ml-py is not installed (`pip install nvidia-ml-py`)"
 """`Inventory.error` where NVML's Python binding is missing (the doctor's fix depends on it)."""
 
@@ -255,6 +265,8 @@ class Nvml:
         self.module = module
         self.deadline = deadline
         self.error: str | None = None
+        self.error_code: str | None = None
+        """`error` as a code (`NVML_MISSING`, `NO_DRIVER_FOUND`, `NVML_FAILED`)."""
         self.started = False
         self.last_good: Inventory | None = None
         self._last_good_at = 0.0
@@ -262,12 +274,12 @@ class Nvml:
         self._flight: _Flight | None = None
         if module is None:
             if not driver_present():
-                self.error = NO_DRIVER
+                self.error, self.error_code = NO_DRIVER, NO_DRIVER_FOUND
                 return
             try:
                 import pynvml
             except ImportError:
-                self.error = NO_BINDING
+                self.error, self.error_code = NO_BINDING, NVML_MISSING
                 return
             self.module = pynvml
         self.run(self._start, "start")  # past the deadline, the start goes on; reads wait for it
@@ -277,8 +289,9 @@ class Nvml:
             self.module.nvmlInit()
         except self.module.NVMLError as err:
             self.error = f"NVML could not start: {err} (no NVIDIA driver, or no GPU in this container)"
+            self.error_code = NVML_FAILED
         except OSError as err:
-            self.error = f"NVML could not start: {err}"
+            self.error, self.error_code = f"NVML could not start: {err}", NVML_FAILED
         else:
             self.started = True
 
@@ -327,10 +340,11 @@ class Nvml:
     def stale(self, blocked_seconds: float) -> Inventory:
         """The last good reading marked stale, saying the driver is not answering; an error without one."""
         if self.last_good is None:
-            return Inventory(error=not_answering(blocked_seconds), blocked_seconds=blocked_seconds)
+            return Inventory(error=not_answering(blocked_seconds), blocked_seconds=blocked_seconds,
+                             error_code=DRIVER_NOT_ANSWERING)
         age = time.monotonic() - self._last_good_at
         return self.last_good._replace(stale_seconds=age, blocked_seconds=blocked_seconds,
-                                       warning=not_answering(blocked_seconds, age))
+                                       warning=not_answering(blocked_seconds, age), error_code=DRIVER_NOT_ANSWERING)
 
 
 def not_answering(blocked_seconds: float, age: float | None = None) -> str:
@@ -350,14 +364,14 @@ def read_inventory(nvml: Nvml | None = None) -> Inventory:
     one, marked stale (or an error where there is none)."""
     nvml = nvml or shared_nvml()
     if nvml.error is not None:
-        return Inventory(error=nvml.error)
+        return Inventory(error=nvml.error, error_code=nvml.error_code)
     answer = nvml.run(lambda: nvml.keep(_read_all(nvml)), "inventory")
     return answer.value if answer.done else nvml.stale(answer.blocked_seconds)
 
 
 def _read_all(nvml: Nvml) -> Inventory:
     if nvml.error is not None:  # the start, having outlived a deadline, failed since
-        return Inventory(error=nvml.error)
+        return Inventory(error=nvml.error, error_code=nvml.error_code)
     count = nvml.call("nvmlDeviceGetCount") or 0
     gpus = []
     for index in range(count):
@@ -387,6 +401,7 @@ def _read_gpu(nvml: Nvml, index: int, handle: Any) -> Gpu:
             for p in processes_there
         ),
         mig_devices=tuple(_read_mig(nvml, handle)),
+        minor=_minor(nvml.call("nvmlDeviceGetMinorNumber", handle)),
     )
 
 
@@ -402,6 +417,11 @@ def _read_mig(nvml: Nvml, handle: Any) -> list[MigDevice]:
             memory = nvml.call("nvmlDeviceGetMemoryInfo", mig)
             devices.append(MigDevice(uuid, _mib(getattr(memory, "total", None))))
     return devices
+
+
+def _minor(value: Any) -> int | None:
+    """A minor number as NVML gives it (an int), anything else unknown."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 20 else None
 
 
 def _mib(value: Any) -> int | None:

@@ -34,9 +34,11 @@ SPEC_BYTES = 1 << 20
 """Largest kernel.json read when deciding whether a folder is ours (ours are a few KiB)."""
 
 
-def kernel_json(policy: Policy, display_name: str | None = None) -> dict:
+def kernel_json(policy: Policy, display_name: str | None = None, slurm: str | None = None) -> dict:
     """The kernel.json of a kernel that starts with `policy` in force. A `visible auto[:N]` pick is
-    not frozen into the spec: the provisioner picks the freest GPUs again at every launch."""
+    not frozen into the spec: the provisioner picks the freest GPUs again at every launch. With
+    `slurm` (sbatch options, `slurm_args`), the kernel runs as a Slurm job (`slurm_provisioner`),
+    whose GPUs Slurm grants: N of `visible auto:N` or the options' own GPU request, not both."""
     from .provisioner import provisioner_metadata
 
     auto = f"auto:{len(policy.visible or ())}" if policy.picked_automatically else None
@@ -45,17 +47,39 @@ def kernel_json(policy: Policy, display_name: str | None = None) -> dict:
     env[POLICY_ENV] = json.dumps(fixed.to_dict(), separators=(",", ":"))
     summary = ", ".join(describe_policy(fixed) + ([f"visible {auto}"] if auto else [])) or "TensorFlow defaults"
     ours: dict = {"policy": fixed.to_dict(), **({"visible": auto} if auto else {})}
+    provisioner = provisioner_metadata(fixed, auto)
+    if slurm is not None:
+        provisioner = slurm_metadata(fixed, auto, slurm)
+        ours["slurm"] = provisioner["config"]["slurm"]
+        summary = f"Slurm · {summary}"
     return {
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--ext=tfgpu_magic"],
         "display_name": display_name or f"TensorFlow · {summary}",
         "language": "python",
         "env": env,
-        "metadata": {MARKER: ours, "kernel_provisioner": provisioner_metadata(fixed, auto)},
+        "metadata": {MARKER: ours, "kernel_provisioner": provisioner},
     }
 
 
-def install(name: str, policy: Policy, display_name: str | None = None) -> str:
-    """Install (or replace) our user kernelspec `name`; returns where it went."""
+def slurm_metadata(policy: Policy, auto: str | None, slurm: str) -> dict:
+    """The `kernel_provisioner` stanza of a Slurm kernel; `PolicyError` for options that do not pass
+    (`slurm_args`), a fixed `visible` list (Slurm grants the GPUs) or a GPU count given twice."""
+    from .slurm_args import gpu_request, parse_slurm_args
+    from .slurm_provisioner import NAME
+
+    args = parse_slurm_args(slurm)
+    if policy.visible is not None:
+        raise PolicyError("--slurm: Slurm grants the job's GPUs, so the policy cannot name them (visible "
+                          f"{','.join(policy.visible)}); ask for a count: visible auto:N or --gres=gpu:N")
+    if auto is not None and gpu_request(args).count is not None:
+        raise PolicyError(f"--slurm: the policy asks for visible {auto} and the options for GPUs too; give the count once")
+    config: dict = {"policy": policy.to_dict(), "slurm": list(args), **({"visible": auto} if auto else {})}
+    return {"provisioner_name": NAME, "config": config}
+
+
+def install(name: str, policy: Policy, display_name: str | None = None, slurm: str | None = None) -> str:
+    """Install (or replace) our user kernelspec `name` (a Slurm job's with `slurm`, sbatch options);
+    returns where it went."""
     from jupyter_client.kernelspec import NATIVE_KERNEL_NAME
 
     manager = _manager()
@@ -65,7 +89,7 @@ def install(name: str, policy: Policy, display_name: str | None = None) -> str:
     namesake = _namesake(manager, name)
     if namesake:
         raise PolicyError(f"Jupyter already has a kernelspec {name!r} in {namesake}; choose another name")
-    text = json.dumps(kernel_json(policy, display_name), indent=2)
+    text = json.dumps(kernel_json(policy, display_name, slurm), indent=2)
     if os.path.lexists(destination):
         _check_ours(destination, name, "choose another name")
         write_atomic(destination / SPEC_FILE, text, mode=0o644)

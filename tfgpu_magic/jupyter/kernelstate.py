@@ -19,45 +19,80 @@ queued calls before `torch.cuda.is_initialized()` is true), so after each cell t
 whether that changed: a few attribute reads (`Publisher.after_cell`). Once the runtime is initialized
 with GPUs, a daemon thread also reads TensorFlow's own memory figures every `MEMORY_SECONDS`
 (`get_memory_info`: what the kernel's tensors use, the one per-kernel figure a server in a container
-can show, where NVML's pids are the host's) and writes when they moved. Only kernels a Jupyter server
-started publish (connection file `kernel-<id>.json`): nobody else would read the file.
+can show, where NVML's pids are the host's) and writes when they moved: only the figures, no plan; the
+whole state (one plan) only where it may have changed (`Publisher._tick`). The last cells' start and end
+(`pre_run_cell`/`post_run_cell`: a clock read each, kept in memory) go out with the next write, so the
+server can mark its memory history with the cell that ran (`serverext.history`): no write per cell. Only
+kernels a Jupyter server started publish (connection file `kernel-<id>.json`): nobody else would read
+the file.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import threading
 import time
+from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 
 from . import persist
 from ..errors import PolicyError, warn
 from ..gpus.processes import server_kernel_id
-from ..language.policy import AUTO_PICKED
-from ..language.sizes import MIB
+from .staterecords import init_record, pending_record, policy_record, tensorflow_memory, tensorflow_state
+from .staterecords import policy_from_record  # noqa: F401 (the server and its tests read it here)
 
 if TYPE_CHECKING:
-    from ..frameworks import FrameworkView
+    from ..frameworks import FrameworkMemory, FrameworkView
     from ..gpus.inventory import Inventory
     from ..language.grammar import GpuCatalog
     from ..language.policy import Policy
     from ..tf.apply import Pending
     from ..tf.apply import ConfigAPI
-    from ..tf.initcell import InitRecord
-    from ..tf.memory import MemoryAPI
+    from ..tf.memory import GpuMemory, MemoryAPI
     from ..plan import Plan
     from ..tf.runtime import RuntimeState
 
-FORMAT = "tfgpu_magic/kernel-state/2"
+SCHEMA = Path(__file__).with_name("tfgpu-state.schema.json")
+"""The schema of the state file and of the server extension's replies: the one place their shapes, error
+codes and version are written (the browser's types are generated from it: labextension/scripts/schema.mjs)."""
+
+
+@functools.cache
+def contract() -> dict[str, Any]:
+    """The schema, read once per process (the package's own file: trusted)."""
+    return json.loads(SCHEMA.read_text(encoding="utf-8"))
+
+
+def format_of(definition: str) -> str:
+    """The `format` a record of `$defs/<definition>` carries (`tfgpu_magic/gpus/<version>`)."""
+    return contract()["$defs"][definition]["properties"]["format"]["const"]
+
+
+def schema_version() -> int:
+    """The contract's version: the last part of the schema's `$id`, which every `format` ends in."""
+    return int(contract()["$id"].rsplit("/", 1)[1])
+
+
+FORMAT = format_of("kernelState")
 PREFIX = "tfgpu-state-"
 STATE_BYTES = 64 << 10
 """Largest state file the server reads (a real one is under 4 KiB)."""
-SCHEMA = Path(__file__).with_name("tfgpu-state.schema.json")
-"""The schema of the state file and of the server extension's replies."""
+STATE_INVALID = "state_invalid"
+"""`$defs/errorCode` of a state file that is not one tfgpu_magic wrote."""
+JSONSCHEMA_MISSING = "jsonschema_missing"
+"""`$defs/errorCode` of a state file this Python cannot check: no jsonschema."""
+JSONSCHEMA_OLD = "jsonschema_old"
+"""`$defs/errorCode` of a state file this Python cannot check: a jsonschema without the schema's draft."""
+JSONSCHEMA_OLDEST = "4.0"
+"""The first jsonschema with `Draft202012Validator` (the schema's draft, 2020-12)."""
 MEMORY_SECONDS = 2.0
 """How often TensorFlow's memory figures are read once its runtime is initialized with GPUs."""
+CELLS_PUBLISHED = 16
+"""The last cells a state names (`$defs/kernelState/cells`): more cells than this between two looks of the
+watch (`MEMORY_SECONDS`) lose the oldest, cells too short to carry a sample of the server's anyway."""
 
 
 class StateSource(Protocol):
@@ -71,16 +106,22 @@ class StateSource(Protocol):
     def state(self) -> RuntimeState: ...
     def plan(self, state: RuntimeState | None = None) -> Plan: ...
     def inventory(self) -> Inventory: ...
-    def pending(self, state: RuntimeState | None = None) -> list[Pending]: ...
-    def other_frameworks(self) -> list[FrameworkView]: ...
+    def pending(self, state: RuntimeState | None = None, plan: Plan | None = None) -> list[Pending]: ...
+    def other_frameworks(self, plan: Plan | None = None) -> list[FrameworkView]: ...
     def frameworks_moment(self) -> tuple[object, ...]: ...
-    def framework_memory(self) -> dict[str, list[tuple[str, str | None, int, int | None, int | None]]]: ...
+    def framework_memory(self, state: RuntimeState | None = None,
+                         plan: Plan | None = None) -> dict[str, list[FrameworkMemory]]: ...
     def subscribe(self, listener: Callable[[Any], None]) -> None: ...
     def unsubscribe(self, listener: Callable[[Any], None]) -> None: ...
 
 
 class StateInvalid(Exception):
-    """A state file that is not one this project wrote (its kernel's entry says so; others are unharmed)."""
+    """A state file that is not one this project wrote, or one this Python cannot check (`code`, a
+    `$defs/errorCode`, says which); its kernel's entry says so, others are unharmed."""
+
+    def __init__(self, message: str, code: str = STATE_INVALID) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def server_connection_file(shell: Any) -> tuple[Path, str] | None:
@@ -99,101 +140,62 @@ def state_path(kernel_id: str, directory: Path) -> Path:
     return pending.with_name(PREFIX + pending.name.removeprefix(persist.PENDING_PREFIX))
 
 
-# ----- the records (data: `tfgpu-state.schema.json`) -----------------------------------------------
-def tensorflow_state(state: RuntimeState) -> str:
-    """`$defs/tensorflowState`."""
-    return "initialized" if state.initialized else "imported" if state.imported else "not_imported"
+# ----- the records (data: `tfgpu-state.schema.json`; most in `staterecords`) -------------------------
+BYTES_MAX = (1 << 53) - 1
+"""The schema's `$defs/bytes` maximum (JavaScript's largest exact integer): sums of figures stop there."""
 
 
-def policy_record(policy: Policy) -> dict[str, Any]:
-    """`$defs/policy`: the policy field by field, sizes in bytes."""
-    written = dict(policy.limits_written)
-    return {
-        "visible": None if policy.visible is None else list(policy.visible),
-        "visible_auto": policy.picked_automatically,
-        "growth": policy.growth,
-        "limits": [{"gpu": gpu, "bytes": mib * MIB, "written": written.get(gpu)} for gpu, mib in policy.limits],
-        "limits_share": policy.limits_share,
-        "splits": [{"gpu": gpu, "bytes": [mib * MIB for mib in sizes]} for gpu, sizes in policy.splits],
-        "cpu_devices": policy.cpu_devices,
-        "allocator": policy.allocator,
-        "loglevel": policy.loglevel,
-    }
+def add_bytes(total: int, more: int | float) -> int:
+    """`total + more` as an integer, stopping at `BYTES_MAX`: a checked figure may be written as a float
+    (`1e15` is a JSON integer), and a sum of valid figures must stay a valid figure."""
+    return min(BYTES_MAX, total + int(more))
 
 
-KEPT_PICK = AUTO_PICKED + "before the restart"
-"""The note on a `visible auto` pick that a restart carried over (its figures are the old kernel's)."""
-
-
-def policy_from_record(record: dict[str, Any]) -> Policy:
-    """The `Policy` a checked `policy_record` describes (the server keeps it for the next kernel);
-    `PolicyError` when it is not a valid policy."""
-    from ..language.policy import Policy
-
-    limits = tuple((item["gpu"], item["bytes"] // MIB) for item in record["limits"])
-    return Policy.from_dict({
-        "visible": record["visible"], "growth": record["growth"], "limits": dict(limits),
-        "splits": {item["gpu"]: [size // MIB for size in item["bytes"]] for item in record["splits"]},
-        "cpu_devices": record["cpu_devices"], "allocator": record["allocator"], "loglevel": record["loglevel"],
-    }).edited(limits_written=tuple((item["gpu"], item["written"]) for item in record["limits"] if item["written"]),
-              limits_share=record["limits_share"], sources=(("visible", KEPT_PICK),) if record["visible_auto"] else ())
-
-
-def setting_value(value: Any) -> Any:
-    """`$defs/settingValue` of a `Change`'s `current` or `desired`: logical configurations (a tuple of
-    memory limits in MiB, None or `LogicalSpec` entries) as logical devices in bytes; flags, device
-    names and variable values as they are."""
-    if not isinstance(value, tuple):
-        return list(value) if isinstance(value, list) else value
-    devices = []
-    for entry in value:
-        if isinstance(entry, tuple):  # a LogicalSpec: (memory_limit, priority, ordinal)
-            limit, priority, ordinal = (tuple(entry) + (None, None))[:3]
-            devices.append({"memory": None if limit is None else limit * MIB, "priority": priority, "ordinal": ordinal})
-        else:
-            devices.append({"memory": None if entry is None else entry * MIB})
-    return devices
-
-
-def pending_record(item: Pending) -> dict[str, Any]:
-    """`$defs/pendingChange`."""
-    change = item.change
-    return {"setting": change.setting, "device": change.device, "now": setting_value(change.current),
-            "wanted": setting_value(change.desired), "why": item.why, "needs_restart": item.needs_restart}
-
-
-def init_record(record: InitRecord | None) -> dict[str, Any] | None:
-    """`$defs/tensorflow/initialized_by`."""
-    return None if record is None else {"where": record.where, "execution_count": record.execution_count,
-                                        "line": record.line}
-
-
-def tensorflow_memory(source: StateSource, api: MemoryAPI | None = None) -> list[dict[str, Any]]:
-    """`$defs/tensorflow/memory`: TensorFlow's figures per visible GPU, once its runtime is initialized."""
-    from ..tf.memory import memory_rows
-
-    return [{"device": row.tf_device, "card": row.uuid or row.gpu, "current": row.tensors_bytes, "peak": row.peak_bytes}
-            for row in memory_rows(source, api) if row.tensors_bytes is not None and row.peak_bytes is not None]
+def figures_by_card(figures: list[dict[str, Any]], inventory: Inventory, key: str) -> dict[int, int]:
+    """nvidia-smi index → the sum of `figure[key]` over a checked record's memory `figures` on that card
+    (a framework's devices on one card: logical devices, a split); figures without a known card or with
+    a null `key` are left out."""
+    found: dict[int, int] = {}
+    for figure in figures:
+        index = inventory.card_index(figure["card"]) if figure["card"] is not None else None
+        if index is not None and figure[key] is not None:
+            found[index] = add_bytes(found.get(index, 0), figure[key])
+    return found
 
 
 def memory_by_card(record: dict[str, Any], inventory: Inventory) -> dict[int, int]:
     """nvidia-smi index → bytes TensorFlow's allocator says the kernel's tensors use on that card, from
     a checked record's `tensorflow.memory` (the one per-kernel figure where NVML's pids are the host's)."""
-    found: dict[int, int] = {}
-    for figure in record["tensorflow"]["memory"]:
-        index = inventory.card_index(figure["card"]) if figure["card"] is not None else None
-        if index is not None:
-            found[index] = found.get(index, 0) + figure["current"]
-    return found
+    return figures_by_card(record["tensorflow"]["memory"], inventory, "current")
+
+
+class Look(NamedTuple):
+    """A full look (`look`): its record, and what `figures` reads the figures on until the state may have
+    changed: the state, its plan, TensorFlow's rows (cards, logical devices, caps), the frameworks shown."""
+
+    record: dict[str, Any]
+    state: RuntimeState
+    plan: Plan
+    rows: list[GpuMemory]
+    views: list[FrameworkView]
 
 
 def snapshot(source: StateSource, kernel_id: str, keep: bool, memory_api: MemoryAPI | None = None) -> dict[str, Any]:
     """The record for `source` now (without the time it was written): `$defs/kernelState`."""
+    return look(source, kernel_id, keep, memory_api).record
+
+
+def look(source: StateSource, kernel_id: str, keep: bool, memory_api: MemoryAPI | None = None) -> Look:
+    """The whole state now, with one plan handed down; its record is `snapshot`'s."""
     from ..tf.initcell import initialized_record
+    from ..tf.memory import memory_rows
 
     state = source.state()
-    pending = source.pending(state)
-    return {
+    plan = source.plan(state)
+    pending = source.pending(state, plan)
+    rows = memory_rows(source, memory_api, state=state, plan=plan) if state.initialized else []
+    views = source.other_frameworks(plan)
+    record = {
         "format": FORMAT,
         "kernel_id": kernel_id,
         "pid": os.getpid(),
@@ -202,19 +204,33 @@ def snapshot(source: StateSource, kernel_id: str, keep: bool, memory_api: Memory
             "state": tensorflow_state(state),
             "cuda_started": state.cuda_fixed,
             "initialized_by": init_record(initialized_record()) if state.initialized else None,
-            "memory": tensorflow_memory(source, memory_api) if state.initialized else [],
+            "memory": tensorflow_memory(rows),
         },
         "pending": [pending_record(item) for item in pending],
         "restart_needed": any(item.needs_restart for item in pending),
         "keep": keep,
-        "frameworks": frameworks_record(source),
+        "frameworks": frameworks_record(source, views, state, plan),
     }
+    return Look(record, state, plan, rows, views)
 
 
-def frameworks_record(source: StateSource) -> dict[str, Any]:
-    """`$defs/frameworks`: JAX, PyTorch and Keras as the status shows them, with their own memory figures."""
-    views = {view.name: view for view in source.other_frameworks()}
-    memory = source.framework_memory() if any(view.started for view in views.values()) else {}
+def figures(source: StateSource, last: Look, memory_api: MemoryAPI | None = None) -> dict[str, Any] | None:
+    """`last`'s record with only the figures that move between cells read afresh (TensorFlow's tensor counts
+    on its rows, JAX's and PyTorch's own); None where the runtime was initialized since (a full look then)."""
+    from ..tf.memory import TensorFlowMemory, with_tensor_figures
+
+    rows = with_tensor_figures(last.rows, memory_api or TensorFlowMemory())
+    return None if rows is None else {
+        **last.record, "tensorflow": {**last.record["tensorflow"], "memory": tensorflow_memory(rows)},
+        "frameworks": frameworks_record(source, last.views, last.state, last.plan)}
+
+
+def frameworks_record(source: StateSource, shown: list[FrameworkView], state: RuntimeState,
+                      plan: Plan) -> dict[str, Any]:
+    """`$defs/frameworks`: JAX, PyTorch and Keras as the status shows them (`shown`), with their own memory
+    figures (read only once one started)."""
+    views = {view.name: view for view in shown}
+    memory = source.framework_memory(state, plan) if any(view.started for view in shown) else {}
 
     def framework(name: str) -> dict[str, Any] | None:
         view = views.get(name)
@@ -235,13 +251,28 @@ def frameworks_record(source: StateSource) -> dict[str, Any]:
 # ----- reading (the server) --------------------------------------------------------------------------
 @functools.cache
 def _validator() -> Any:
-    """The schema's `kernelState` validator (jsonschema: the server has it, through jupyter_events)."""
-    import json
+    """The schema's `kernelState` validator. jsonschema is a dependency of the server extension (and
+    of jupyter_server itself, through jupyter_events); a kernel's Python (`%tfgpu who`) may lack it, or
+    hold one older than the schema's draft: `StateInvalid` says which, never that the file is not ours."""
+    try:
+        import jsonschema
+    except ImportError:
+        raise StateInvalid("it cannot be checked here: jsonschema is not installed for this Python",
+                           JSONSCHEMA_MISSING) from None
+    validator = getattr(jsonschema, "Draft202012Validator", None)
+    if validator is None:
+        raise StateInvalid(f"it cannot be checked here: jsonschema {_installed_version()} is older than "
+                           f"{JSONSCHEMA_OLDEST}, the first to know the schema's draft (2020-12)", JSONSCHEMA_OLD)
+    return validator({**contract(), "$ref": "#/$defs/kernelState"})
 
-    from jsonschema import Draft202012Validator
 
-    schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
-    return Draft202012Validator({**schema, "$ref": "#/$defs/kernelState"})
+def _installed_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("jsonschema")
+    except PackageNotFoundError:
+        return "(of unknown version)"
 
 
 def check(data: Any, kernel_id: str) -> dict[str, Any]:
@@ -250,11 +281,7 @@ def check(data: Any, kernel_id: str) -> dict[str, Any]:
         raise StateInvalid(f"not a JSON object but {type(data).__name__}")
     if data.get("format") != FORMAT:
         raise StateInvalid(f"format {str(data.get('format'))[:80]!r}, not {FORMAT!r}")
-    try:
-        validator = _validator()
-    except ImportError:  # a kernel's Python (`%tfgpu who` reads its other kernels) may lack it
-        raise StateInvalid("it cannot be checked here: jsonschema is not installed for this Python") from None
-    error = next(iter(validator.iter_errors(data)), None)
+    error = next(iter(_validator().iter_errors(data)), None)
     if error is not None:
         where = "/".join(map(str, error.absolute_path)) or "the record"
         raise StateInvalid(f"{where}: {error.message[:200]}")
@@ -311,29 +338,70 @@ class Publisher:
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self.watching: threading.Thread | None = None
+        self.moving = False
+        """The last record had memory figures: the watch reads them on each look."""
+        self._cells_seen: tuple[tuple[int | None, float, float | None], ...] = ()
         self._moment: tuple | None = None
+        self._look: Look | None = None
+        """The last full look: a tick reads the figures on it while only they can have moved."""
+        self.shell: Any = None
+        """The shell whose cells are marked (its `execution_count`); None outside IPython."""
         self.shell_events: Any = None
-        """The shell's `events`, where `after_cell` is registered (None outside IPython)."""
+        """The shell's `events`, where `before_cell` and `after_cell` are registered (None outside IPython)."""
+        self.cells: deque[tuple[int | None, float, float | None]] = deque(maxlen=CELLS_PUBLISHED)
+        """(In [n], start, end or None while running) of the last cells: memory only, written with the
+        next write (the watch's, every `MEMORY_SECONDS`, started by the first cell), never one per cell."""
 
-    def changed(self, *_: Any) -> bool:
+    def changed(self, *_: Any, full: bool = True) -> bool:
         """Write the state if it differs from the last write; True when it wrote. A controller
         listener (called with the controller), hence the ignored arguments. Once TensorFlow's memory
-        figures appear, the memory watch starts."""
-        with self._lock:  # the memory watch writes from its own thread
+        figures appear, the watch starts and reads them every `MEMORY_SECONDS`. Not `full`: only the figures
+        on the last full look (`figures`), unless a cell started or ended since or the look is stale."""
+        with self._lock:  # the watch writes from its own thread
             if self._stopped.is_set():
                 return False
-            record = snapshot(self.source, self.kernel_id, self.keep, self.memory_api)
+            cells = tuple(self.cells)  # one step under the GIL, whichever thread appends
+            last = None if full or cells != self._cells_seen else self._look
+            record = figures(self.source, last, self.memory_api) if last is not None else None
+            if record is None:
+                self._look = look(self.source, self.kernel_id, self.keep, self.memory_api)
+                record = self._look.record
+            record = {**record, "cells": [{"execution_count": count, "start": start, "end": end}
+                                          for count, start, end in cells]}
             wrote = record != self.last and self._write(record)
-        moving = record["tensorflow"]["memory"] or any(framework and framework.get("memory")
-                                                       for framework in record["frameworks"].values())
-        if moving and self.watching is None and not self._stopped.is_set():
-            self.watching = threading.Thread(target=self._watch_memory, name="tfgpu_magic-memory", daemon=True)
-            self.watching.start()
+            self._cells_seen = cells
+        self.moving = bool(record["tensorflow"]["memory"]) or any(
+            framework and framework.get("memory") for framework in record["frameworks"].values())
+        if self.moving:
+            self._watch()
         return wrote
 
-    def after_cell(self, *_: Any) -> bool:
-        """After each cell (IPython's `post_run_cell`): publish if JAX, Keras or PyTorch was imported or
-        started in it (they tell nobody); True when it wrote."""
+    def _watch(self) -> None:
+        """Start the watch (once): every `MEMORY_SECONDS` it publishes the cells marked since its last
+        look and, once they appear, the frameworks' memory figures."""
+        if self.watching is None and not self._stopped.is_set():
+            self.watching = threading.Thread(target=self._watch_loop, name="tfgpu_magic-memory", daemon=True)
+            self.watching.start()
+
+    def before_cell(self, info: Any = None) -> None:
+        """Before each cell (IPython's `pre_run_cell`): mark it started, in memory (a clock read and an
+        append: no file, no NVML). This cell's In [n]: its input is stored after `pre_run_cell` (IPython 8.0
+        to 9.18), while `execution_count` is already the next cell's in IPython 9.18 (not in 9.0)."""
+        stored = getattr(info, "store_history", True)
+        inputs = getattr(getattr(self.shell, "history_manager", None), "input_hist_parsed", None)
+        count = len(inputs) if stored and isinstance(inputs, list) else None
+        self.cells.append((count if isinstance(count, int) else None, time.time(), None))
+        if self.watching is None:
+            self._watch()
+
+    def after_cell(self, result: Any = None, *_: Any) -> bool:
+        """After each cell (IPython's `post_run_cell`): mark it ended (in memory, as `before_cell`), and
+        publish if JAX, Keras or PyTorch was imported or started in it (they tell nobody); True when it
+        wrote."""
+        if self.cells and self.cells[-1][2] is None:
+            count, start, _ = self.cells[-1]
+            exact = getattr(result, "execution_count", None)  # the cell's own In [n], whatever the version
+            self.cells[-1] = (exact if isinstance(exact, int) else count, start, time.time())
         try:
             moment = self.source.frameworks_moment()  # TensorFlow's moments come by `tf.events`
             if moment == self._moment:
@@ -346,16 +414,31 @@ class Publisher:
             return False
 
     def _stop_looking(self) -> None:
-        if self.shell_events is not None and self.after_cell in self.shell_events.callbacks["post_run_cell"]:
-            self.shell_events.unregister("post_run_cell", self.after_cell)
+        if self.shell_events is None:
+            return
+        for event, callback in (("pre_run_cell", self.before_cell), ("post_run_cell", self.after_cell)):
+            if callback in self.shell_events.callbacks[event]:
+                self.shell_events.unregister(event, callback)
 
-    def _watch_memory(self) -> None:
+    def _watch_loop(self) -> None:
         while not self._stopped.wait(MEMORY_SECONDS):
             try:
-                self.changed()
+                self._tick()
             except Exception as err:  # a figure that cannot be read stops the watch, never the kernel
-                warn(f"stopped publishing TensorFlow's memory figures: {err}")
+                warn(f"stopped publishing this kernel's memory figures and cells: {err}")
                 return
+
+    def _tick(self) -> bool:
+        """A full look where a cell started or ended since the last, or JAX, PyTorch or Keras moved on since
+        the last cell's look (they tell nobody); else, while figures move, only them; else nothing."""
+        if tuple(self.cells) == self._cells_seen:
+            if not self.moving:
+                return False  # nothing to look at
+            moment = self.source.frameworks_moment()
+            if self._moment is None or moment == self._moment:
+                return self.changed(full=False)
+            self._moment = moment
+        return self.changed()
 
     def _write(self, record: dict[str, Any]) -> bool:
         from .. import safefile
@@ -429,8 +512,9 @@ def start_publishing(shell: Any, source: StateSource, directory: Path | None = N
     source.subscribe(publisher.changed)
     events.subscribe(changed)  # TensorFlow imported or initialized (`tf.initcell` records only after this)
     if hasattr(shell, "events"):
+        shell.events.register("pre_run_cell", publisher.before_cell)
         shell.events.register("post_run_cell", publisher.after_cell)
-        publisher.shell_events = shell.events
+        publisher.shell, publisher.shell_events = shell, shell.events
     atexit.register(publisher.stop)
     _publisher = publisher
     publisher.changed()

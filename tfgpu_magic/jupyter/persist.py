@@ -164,10 +164,9 @@ def take_pending(kernel_key: str, directory: Path | None = None, connection_file
     directory = directory or runtime_dir()
     path = pending_path(kernel_key, directory)
     try:
-        record = read_record(path)
-        if record is None or _owner_of(record) != _owner(kernel_key, connection_file):
+        policy = read_pending(kernel_key, directory, connection_file)
+        if policy is None:
             return None
-        policy = _policy_in(path, record)
         try:
             path.unlink()
         except OSError as err:
@@ -175,6 +174,29 @@ def take_pending(kernel_key: str, directory: Path | None = None, connection_file
         return policy
     finally:
         clean_gone(directory)
+
+
+def read_pending(kernel_key: str, directory: Path | None = None, connection_file: Path | None = None) -> Policy | None:
+    """The pending policy of the kernel `kernel_key` on `connection_file`, left in place (what the
+    status shows as kept); None when there is none, or it is another kernel's. `PolicyError` if the
+    file is unusable."""
+    path = pending_path(kernel_key, directory)
+    record = read_record(path)
+    if record is None or _owner_of(record) != _owner(kernel_key, connection_file):
+        return None
+    return _policy_in(path, record)
+
+
+def void_pending(kernel_key: str, policy: Policy, directory: Path | None = None,
+                 connection_file: Path | None = None) -> bool:
+    """Remove the pending policy of the kernel `kernel_key` on `connection_file` where it differs from
+    `policy`, the one desired now: a restart must not bring back a policy changed since it was kept
+    (a `%tfgpu reset`, say). True when one was removed. `PolicyError` (file left) if it is unusable."""
+    kept = read_pending(kernel_key, directory, connection_file)
+    if kept is None or kept == policy:
+        return False
+    pending_path(kernel_key, directory).unlink(missing_ok=True)
+    return True
 
 
 def _owner(kernel_key: str, connection_file: Path | str | None) -> tuple[str, str | None]:

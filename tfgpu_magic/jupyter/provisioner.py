@@ -8,6 +8,8 @@ nbclient/papermill `-k NAME`, JupyterHub single-user servers. `visible auto[:N]`
 GPUs when the kernel is launched (not when the spec was written), through a reservation in the
 runtime dir so simultaneous launches spread out (`gpus.reservations`). The kernel gets the plan's
 environment and the policy in `startup.POLICY_ENV`, so the extension applies it before the first cell.
+A notebook started through a Jupyter server can carry its own policy (`notebook_request`): its lines
+edit the kernelspec's policy for that kernel.
 Without NVML the kernel starts anyway, with every GPU visible, and a one-line warning in
 `WARNING_ENV` for its first cell.
 
@@ -24,7 +26,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Dict, Unicode
@@ -38,6 +40,7 @@ from ..gpus.cudaenv import grant_of
 from ..envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES
 from ..plan import build_plan
 from . import persist
+from .notebook_request import NotebookRequest, apply_lines, read_request, refusal_line
 from .startup import LAUNCH_WARNING_ENV as WARNING_ENV
 from .startup import POLICY_ENV
 
@@ -72,15 +75,46 @@ def auto_count(word: str) -> int:
     return parse_count(word.partition(":")[2] or "1", "visible auto:N")
 
 
-def granted_gpus(found: gpu_inventory.Inventory, inherited: str | None,
-                 order: str | None = None) -> gpu_inventory.Inventory | None:
+def granted_gpus(found: gpu_inventory.Inventory, inherited: str | None, order: str | None = None,
+                 environ: Mapping[str, str] | None = None) -> gpu_inventory.Inventory | None:
     """The inventory narrowed to what `CUDA_VISIBLE_DEVICES=inherited` (with `CUDA_DEVICE_ORDER=order`)
-    grants, as `gpus.cudaenv.Grant.devices` gives it (all of it when unset); None where an entry
-    cannot be placed on the inventory's cards."""
+    grants in the launching environment `environ` (a Slurm job's record), as `gpus.cudaenv.Grant.devices`
+    gives it (all of it when unset); None where an entry cannot be placed on the inventory's cards."""
     if inherited is None:
         return found
-    devices = grant_of(inherited, order, found).devices(found)
+    devices = grant_of(inherited, order, found, environ).devices(found)
     return None if devices is None else found._replace(gpus=devices)
+
+
+def with_request(policy: Policy, count: int | None,
+                 request: NotebookRequest | None) -> tuple[Policy, int | None, str | None]:
+    """The kernelspec's `policy` and `visible auto:N` (`count`) edited by the notebook's `request`,
+    and the notebook's refusal (then both as they were)."""
+    if request is None or request.refusal is not None or not request.lines:
+        return policy, count, None if request is None else request.refusal
+    try:
+        edited, count_after = apply_lines(request.lines, policy, count)
+    except PolicyError as err:  # lines fine alone, contradicting the kernelspec's policy
+        return policy, count, refusal_line(request.source or "", f"on top of the kernelspec's policy, {err}")
+    return edited, count_after, None
+
+
+def put_policy(env: dict[str, str], policy: Policy, warning: str | None, placed: str | None) -> None:
+    """Write `policy` into a kernel's launch environment `env`: the plan's variables (a grant by index
+    in `env` keeps its order), `POLICY_ENV` for the extension, and `WARNING_ENV`/`PLACED_ENV` for the
+    first cell (removed where None). `TFGPUProvisioner.pre_launch` calls it, for the Slurm provisioner
+    (`slurm_provisioner`, its subclass) too."""
+    for name, value in build_plan(policy, env.get(CUDA_VISIBLE_DEVICES)).env:
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    env[POLICY_ENV] = json.dumps(policy.to_dict(), separators=(",", ":"))
+    for name, value in ((WARNING_ENV, warning), (PLACED_ENV, placed)):
+        if value:
+            env[name] = value
+        else:
+            env.pop(name, None)
 
 
 def read_inventory() -> gpu_inventory.Inventory:
@@ -136,23 +170,35 @@ class TFGPUProvisioner(LocalProvisioner):  # type: ignore[misc]  (jupyter_client
     _resolved: Policy | None = None
     _warning: str | None = None
 
-    def resolve(self, inherited_visible: str | None = None, inherited_order: str | None = None) -> tuple[Policy, str | None]:
+    def resolve(self, inherited_visible: str | None = None, inherited_order: str | None = None,
+                request: NotebookRequest | None = None,
+                environ: Mapping[str, str] | None = None) -> tuple[Policy, str | None]:
         """The policy in force for this launch, and a warning for the first cell. A restart keeps the
         GPUs of the first launch (the kernel's pending policy, if any, comes on top).
+
+        `request`: the policy the notebook carries (`notebook_request`); its lines edit the
+        kernelspec's policy, later ones winning (the notebook's `visible auto:N` replaces the spec's
+        `visible`). A notebook the grammar refuses, alone or on top of the spec's policy, is left out
+        with its one-line refusal as the warning. Colab's `accelerator: "GPU"` asks `visible auto:1`
+        only where there is an inventory: without NVML it is dropped without a warning.
 
         `inherited_visible`, `inherited_order`: `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER` of the
         launching environment. Where a scheduler (Slurm, a Kubernetes device plugin) granted GPUs that
         way, `auto` picks among them only (`gpus.cudaenv.Grant`, as the magic's `visible auto`); an
-        entry the inventory cannot place leaves the grant as it is."""
+        entry the inventory cannot place leaves the grant as it is. `environ`: the launching
+        environment, for what it says of the grant (a Slurm job's record)."""
         if self._resolved is not None:
             return self._resolved, self._warning
         policy = Policy.from_dict(self.policy) if self.policy else Policy()
+        count = auto_count(self.visible) if self.visible else None
+        policy, count, refusal = with_request(policy, count, request)
         warning = None
-        if self.visible:
-            count = auto_count(self.visible)
+        if count:
             found = read_inventory()
-            granted = granted_gpus(found, inherited_visible, inherited_order) if found.available else None
-            if not found.available:
+            granted = granted_gpus(found, inherited_visible, inherited_order, environ) if found.available else None
+            if not found.available and request is not None and request.from_accelerator:
+                count = None  # a Colab notebook opened where there is no NVIDIA GPU: nothing to say
+            elif not found.available:
                 warning = NO_INVENTORY.format(error=found.error)
             elif granted is None:
                 warning = NOT_GRANTED.format(value=inherited_visible)
@@ -170,6 +216,7 @@ class TFGPUProvisioner(LocalProvisioner):  # type: ignore[misc]  (jupyter_client
             else:
                 policy = policy.edited(visible=self._reservation.gpus, sources=(("visible", self._reservation.why),))
         policy.validate()
+        warning = "; ".join(filter(None, (refusal, warning))) or None
         self._resolved, self._warning = policy, warning
         return policy, warning
 
@@ -178,26 +225,17 @@ class TFGPUProvisioner(LocalProvisioner):  # type: ignore[misc]  (jupyter_client
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         """Perform any steps in preparation for kernel process launch: `LocalProvisioner`'s (the
-        connection file, ports), then the policy resolved for this launch (`resolve`) into the
-        kernel's environment: the plan's variables, `POLICY_ENV`, `WARNING_ENV` and `PLACED_ENV`."""
+        connection file, ports), then the policy resolved for this launch (`resolve`, with the policy
+        the notebook carries: `notebook_request`, read at the first launch only) into the kernel's
+        environment: the plan's variables, `POLICY_ENV`, `WARNING_ENV` and `PLACED_ENV`."""
         # NVML and the reservation lock may take seconds: off the server's event loop, which must
         # keep answering every other request meanwhile
         launching = kwargs.get("env") or os.environ
+        request = None if self._resolved is not None else await asyncio.to_thread(read_request, launching, kwargs.get("cwd"))
         policy, warning = await asyncio.to_thread(self.resolve, launching.get(CUDA_VISIBLE_DEVICES),
-                                                  launching.get(CUDA_DEVICE_ORDER))
+                                                  launching.get(CUDA_DEVICE_ORDER), request, launching)
         kwargs = await super().pre_launch(**kwargs)
-        env = kwargs["env"]
-        for name, value in build_plan(policy, env.get(CUDA_VISIBLE_DEVICES)).env:  # a grant by index keeps its order
-            if value is None:
-                env.pop(name, None)
-            else:
-                env[name] = value
-        env[POLICY_ENV] = json.dumps(policy.to_dict(), separators=(",", ":"))
-        for name, value in ((WARNING_ENV, warning), (PLACED_ENV, self._reservation.why if self._reservation else None)):
-            if value:
-                env[name] = value
-            else:
-                env.pop(name, None)
+        put_policy(kwargs["env"], policy, warning, self._reservation.why if self._reservation else None)
         return kwargs
 
     async def post_launch(self, **kwargs: Any) -> None:

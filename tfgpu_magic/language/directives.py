@@ -2,7 +2,7 @@
 and, for an edit, the status phrases of its part of a policy.
 
 Parsing (`grammar`), dispatch and `%tfgpu?` (`views.magics`), Tab completion
-(`views.completion`), the status and the README's grammar block all read this table, and each entry
+(`views.completion`), the status and docs/grammar.md's grammar block all read this table, and each entry
 carries what its directive does (`parse`, `run`). A new edit that sets one policy field from a
 closed set of words is one entry here (plus the field); another edit is its entry plus its parser
 (words → the policy fields it sets), registered on the entry with `@grammar.parses(name)`; an action
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .policy import Policy
 
 USAGE_WIDTH = 39
-"""Column where a usage line's help starts, in the README's grammar block and in `%tfgpu?`."""
+"""Column where a usage line's help starts, in docs/grammar.md's grammar block and in `%tfgpu?`."""
 
 CELL_USAGE = "%%tfgpu"
 CELL_HELP = "cell form: one directive per line, checked as a whole (any order), all or nothing"
@@ -43,7 +43,7 @@ NOTES = (
 
 
 class Form:
-    """One usage line, exactly as the README's grammar block shows it, and its help ('' for none)."""
+    """One usage line, exactly as docs/grammar.md's grammar block shows it, and its help ('' for none)."""
 
     __slots__ = ("usage", "help")
 
@@ -229,6 +229,33 @@ def describe_policy(policy: Policy, names: Names | None = None) -> list[str]:
     return parts + [f"({field}: {why})" for field, why in policy.sources]
 
 
+def policy_lines(policy: Policy) -> list[str]:
+    """The policy as directive lines a `%%tfgpu` cell (or a notebook's `metadata.tfgpu.policy`) reads
+    back to an equal policy, without the GPU inventory: sizes in MiB or GB (a share of a card as the
+    MiB it came to), GPUs as written. A `visible auto` pick stays `visible auto:N`, to be picked again
+    where the lines are read. `describe_policy` words a policy for people; these lines are for the
+    grammar."""
+    from .sizes import directive_size, split_size
+
+    lines: list[str] = []
+    if policy.picked_automatically:
+        lines.append(f"visible auto:{len(policy.visible or ())}")
+    elif policy.visible is not None:
+        lines.append(f"visible {','.join(policy.visible) or 'none'}")
+    lines += _BY_NAME["growth"].describe(policy)  # type: ignore[misc]
+    limits = policy.limit_map
+    every = limits.pop(ALL_GPUS, None)
+    if every is not None:  # first: a limit on every GPU replaces the per-GPU ones, which then merge
+        lines.append(f"limit {directive_size(every)}")
+    lines += [f"limit {directive_size(mib)} {gpu}" for gpu, mib in limits.items()]
+    lines += [f"split {gpu} {split_size(sizes)}" for gpu, sizes in policy.splits]
+    if policy.cpu_devices is not None:
+        lines.append(f"split cpu {policy.cpu_devices}")
+    for name in ("allocator", "loglevel"):
+        lines += _BY_NAME[name].describe(policy)  # type: ignore[misc]
+    return lines
+
+
 def gpu_asks(policy: Policy, names: Names | None = None) -> list[str]:
     """The policy's GPU settings that ask TensorFlow for more than its defaults, as status phrases:
     where TensorFlow sees no GPU, these are what has nothing to apply to (`growth off` and
@@ -398,11 +425,14 @@ REGISTRY: tuple[Directive, ...] = (
     ),
     Directive(
         "kernelspec", "action",
-        (Form("%tfgpu kernelspec NAME [--display-name TEXT] [--remove]",
+        (Form("%tfgpu kernelspec NAME [--display-name TEXT] [--slurm ARGS] [--remove]",
               "a Jupyter kernel that starts with this policy"),),
-        synopsis="NAME [--display-name TEXT] [--remove]", arity=(1, 1), slots=(None,),
+        synopsis="NAME [--display-name TEXT] [--slurm ARGS] [--remove]", arity=(1, 1), slots=(None,),
+        details="--slurm \"--partition=gpu --time=2:00:00 --gres=gpu:1\" makes the kernel a Slurm job (sbatch "
+                "options; the notebook's own GPU count wins over the options')",
         options=(
             Option("--display-name", "TEXT", "the name shown in the launcher"),
+            Option("--slurm", "ARGS", "run the kernel as a Slurm job with these sbatch options"),
             Option("--remove", None, "uninstall it"),
         ),
         examples=("kernelspec tf-gpu0",), parse=lambda args: kernelspec_name(args[0]),
@@ -454,7 +484,7 @@ def usage_line(usage: str, help: str) -> str:
 
 
 def grammar_lines() -> list[str]:
-    """The README's grammar block: every usage line with its help, then the cell form."""
+    """docs/grammar.md's grammar block: every usage line with its help, then the cell form."""
     lines = [usage_line(form.usage, form.help) for directive in REGISTRY for form in directive.forms]
     return "\n".join([*lines, usage_line(CELL_USAGE, CELL_HELP)]).split("\n")
 

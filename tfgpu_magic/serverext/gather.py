@@ -23,17 +23,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from . import history
 from ..gpus import processes
 from ..gpus.cudaenv import Grant, grant_of
-from ..gpus.inventory import MIB, NO_BINDING, NO_DRIVER, Gpu, Inventory
+from ..gpus.inventory import DRIVER_NOT_ANSWERING, MIB, NVML_FAILED, Gpu, Inventory
 from ..jupyter import kernelstate
 from ..jupyter.sessions import KernelSession, server_sessions
 from ..language.policy import is_index
 from ..envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES
 
-GPUS_FORMAT = "tfgpu_magic/gpus/2"
-KERNEL_FORMAT = "tfgpu_magic/kernel/2"
-KEEP_FORMAT = "tfgpu_magic/keep/2"
+GPUS_FORMAT = kernelstate.format_of("gpusReply")
+KERNEL_FORMAT = kernelstate.format_of("kernelReply")
+KEEP_FORMAT = kernelstate.format_of("keepReply")
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,9 @@ class KernelProcess:
     state: dict[str, Any] | None
     """Its published state (checked); None where tfgpu_magic publishes nothing in it."""
     invalid: str | None = None
-    """Why its state file was refused (not ours, not valid): only this kernel's entry says so."""
+    """Why its state file was refused (not ours, not valid, not checkable here): only this kernel's entry says so."""
+    invalid_code: str = kernelstate.STATE_INVALID
+    """`invalid` as `$defs/errorCode` (`kernelstate.StateInvalid.code`)."""
     tensorflow_mapped: bool | None = None
     """TensorFlow's library in its memory map (/proc), read only where it publishes no state."""
 
@@ -81,7 +84,7 @@ def read_kernel(kernel_id: str, started: int | None, runtime_dir: Path, seen: Te
     try:
         state = kernelstate.read_state(kernel_id, runtime_dir, processes.runs_kernel)
     except kernelstate.StateInvalid as err:
-        return KernelProcess(kernel_id, started, None, invalid=str(err))
+        return KernelProcess(kernel_id, started, None, invalid=str(err), invalid_code=err.code)
     pid = state["pid"] if state is not None else started
     mapped = seen.mapped(pid) if state is None and pid is not None else None
     return KernelProcess(kernel_id, pid, state, tensorflow_mapped=mapped)
@@ -148,8 +151,8 @@ class Machine:
 
 
 def server_grant(inventory: Inventory) -> Grant:
-    """The grant of the server's own environment, placed on `inventory`'s cards."""
-    return grant_of(os.environ.get(CUDA_VISIBLE_DEVICES), os.environ.get(CUDA_DEVICE_ORDER), inventory)
+    """The grant of the server's own environment (a Slurm job's record included), placed on `inventory`'s cards."""
+    return grant_of(os.environ.get(CUDA_VISIBLE_DEVICES), os.environ.get(CUDA_DEVICE_ORDER), inventory, os.environ)
 
 
 # ----- the replies (pure) -------------------------------------------------------------------------
@@ -162,11 +165,10 @@ def nvml_error(inventory: Inventory | None) -> dict[str, str] | None:
     if inventory is None:
         return None
     if inventory.blocked_seconds is not None:
-        return {"code": "driver_not_answering", "message": (inventory.error or inventory.warning or "")[:1000]}
+        return {"code": DRIVER_NOT_ANSWERING, "message": (inventory.error or inventory.warning or "")[:1000]}
     if inventory.error is None:
         return None
-    code = {NO_BINDING: "nvml_missing", NO_DRIVER: "no_driver"}.get(inventory.error, "nvml_failed")
-    return {"code": code, "message": inventory.error[:1000]}
+    return {"code": inventory.error_code or NVML_FAILED, "message": inventory.error[:1000]}
 
 
 def gpu_status(machine: Machine) -> dict[str, Any]:
@@ -184,6 +186,42 @@ def kernel_ref(kernel: KernelProcess, session: KernelSession | None, now: dateti
         "idle_seconds": session.idle_seconds(now) if session else None,
         "tensorflow": kernel.tensorflow,
     }
+
+
+def nvml_memory(kernel: KernelProcess, machine: Machine) -> dict[int, int | None]:
+    """nvidia-smi index → bytes NVML says the kernel's process holds on that card (None where NVML cannot
+    tell), for the cards it is on; none where NVML's pids are the host's."""
+    held: dict[int, int | None] = {}
+    if machine.host_pids or kernel.pid is None:
+        return held
+    for gpu in machine.gpus:
+        used = [proc.used_mib for proc in gpu.processes if proc.pid == kernel.pid]
+        if used:
+            known = [mib for mib in used if mib is not None]
+            held[gpu.index] = min(kernelstate.BYTES_MAX, sum(known) * MIB) if known else None
+    return held
+
+
+def memory_figures(kernel: KernelProcess, machine: Machine) -> history.Figures:
+    """The kernel's figures for one history sample: NVML's for its process on each card (where the
+    reading is fresh), and TensorFlow's, JAX's and PyTorch's own from its published state, placed on
+    cards through the reading; at most `history.MAX_SERIES`, by card."""
+    inventory = machine.inventory
+    if inventory is None:
+        return ()
+    found: dict[history.Key, int | None] = {}
+    if inventory.error is None and inventory.stale_seconds is None:
+        found.update(((index, "nvml", "used"), held) for index, held in nvml_memory(kernel, machine).items())
+    state = kernel.state
+    if state is not None:
+        frameworks = [("tensorflow", state["tensorflow"]["memory"], ("current", "peak"))]
+        frameworks += [(name, state["frameworks"][name]["memory"], ("current", "peak", "reserved"))
+                       for name in ("jax", "torch") if state["frameworks"][name] is not None]
+        for source, figures, names in frameworks:
+            for name in names:
+                found.update(((index, source, name), value)
+                             for index, value in kernelstate.figures_by_card(figures, inventory, name).items())
+    return tuple(sorted(found.items(), key=history.order)[:history.MAX_SERIES])
 
 
 def tensorflow_memory(kernel: KernelProcess, machine: Machine) -> dict[int, int]:
@@ -238,15 +276,17 @@ def _card(gpu: Gpu, granted: bool) -> dict[str, Any]:
     }
 
 
-def kernel_reply(kernel: KernelProcess, machine: Machine, session: KernelSession | None, now: datetime) -> dict[str, Any]:
+def kernel_reply(kernel: KernelProcess, machine: Machine, session: KernelSession | None, now: datetime,
+                 memory_history: dict[str, Any] | None = None) -> dict[str, Any]:
     """`GET /api/tfgpu/kernels/<id>`: the kernel's policy, TensorFlow's state, what waits for a restart,
-    and its GPUs: those its policy makes visible, else those it holds memory on, else every card."""
+    its GPUs (those its policy makes visible, else those it holds memory on, else every card), and its
+    memory over time (`memory_history`, `history.KernelHistory.reply`; none kept where not given)."""
     state = kernel.state
+    held: dict[int, int]
     if machine.host_pids:
         held, source = tensorflow_memory(kernel, machine), "tensorflow"
     else:
-        held = {gpu.index: sum(p.used_mib or 0 for p in gpu.processes if p.pid == kernel.pid) * MIB
-                for gpu in machine.gpus if any(p.pid == kernel.pid for p in gpu.processes)}
+        held = {index: value or 0 for index, value in nvml_memory(kernel, machine).items()}
         source = "nvml"
     visible = _visible(state, machine.inventory)
     if visible is not None:
@@ -257,13 +297,14 @@ def kernel_reply(kernel: KernelProcess, machine: Machine, session: KernelSession
         named, gpus_from = [gpu.index for gpu in machine.gpus], "all"
     cards = {gpu.index: gpu for gpu in machine.gpus}
     known = machine.inventory is not None and machine.inventory.error is None
-    error = {"code": "state_invalid", "message": kernel.invalid[:1000]} if kernel.invalid else None
+    error = {"code": kernel.invalid_code, "message": kernel.invalid[:1000]} if kernel.invalid else None
     return {
         "format": KERNEL_FORMAT,
         "kernel": kernel_ref(kernel, session, now),
         "pid": kernel.pid,
         "published": state is not None,
         "policy": state["policy"] if state else None,
+        "directives": policy_directives(state["policy"]) if state else None,
         "tensorflow": state["tensorflow"] if state else None,
         "pending": state["pending"] if state else [],
         "restart_needed": state["restart_needed"] if state else False,
@@ -275,7 +316,20 @@ def kernel_reply(kernel: KernelProcess, machine: Machine, session: KernelSession
                  for index in named if index in cards],
         "gpu_status": gpu_status(machine),
         "error": error,
+        "history": history.empty_reply(None, history.SAMPLE_SECONDS) if memory_history is None else memory_history,
     }
+
+
+def policy_directives(record: dict[str, Any]) -> list[str] | None:
+    """The published policy (`$defs/policy`) as the directive lines that make it again (what the
+    front end saves into a notebook's `metadata.tfgpu.policy`); None for a record that is no valid policy."""
+    from ..errors import PolicyError
+    from ..language.directives import policy_lines
+
+    try:
+        return policy_lines(kernelstate.policy_from_record(record))
+    except PolicyError:
+        return None
 
 
 def _visible(state: dict[str, Any] | None, inventory: Inventory | None) -> list[int] | None:

@@ -7,8 +7,12 @@ gets 403; `@authorized` on the `kernels` resource, so a server's Authorizer deci
 NVML is read in a daemon thread of its own, one read at a time, each bounded by `gpus.inventory`'s
 deadline, and that read serves every request for `cache_seconds`; the kernels' state files and /proc
 likewise, separately: the kernel endpoint never waits on NVML (a wedged driver leaves it fast), and
-no thread of ours keeps the server from exiting. Each reply carries its handler time in a
-`Server-Timing` header (https://www.w3.org/TR/server-timing/), which `benchmarks/bench_serverext.py` reads.
+no thread of ours keeps the server from exiting. The kernels' memory history (`history`) is sampled from
+those same readings by `Sampler`, on the event loop, and the kernel endpoint sends what is new after
+`?since=`. Every reply that is not 200 is the schema's `$defs/error` (a code the browser words, and
+English for logs); a client that sends another schema version (`x-version-header`) gets a 409
+`version_mismatch` naming both. Each reply carries its handler time in a `Server-Timing` header
+(https://www.w3.org/TR/server-timing/), which `benchmarks/bench_serverext.py` reads.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
+from tornado.ioloop import PeriodicCallback
 from traitlets import Float
 from traitlets.config import LoggingConfigurable
 
@@ -34,15 +39,28 @@ from ..gpus import processes
 from ..gpus.inventory import Inventory, read_inventory
 from ..jupyter import kernelstate, persist
 from ..jupyter.sessions import KernelSession
-from .gather import (KEEP_FORMAT, KernelProcess, Machine, Owner, TensorFlowSeen, gpus_reply, kernel_reply, own_sessions,
-                     owners, read_kernel, read_kernels, server_grant)
+from .gather import (KEEP_FORMAT, KernelProcess, Machine, Owner, TensorFlowSeen, gpus_reply, kernel_reply,
+                     memory_figures, own_sessions, owners, read_kernel, read_kernels, server_grant)
+from .history import SAMPLE_SECONDS, SAMPLES, History
 
 SETTINGS_KEY = "tfgpu_readings"
 """Where the handlers find the shared `Readings` in the tornado application's settings."""
 FIRST_READ_WAIT = 0.2
 """Seconds the kernel endpoint waits for the server's very first NVML reading (never for a later one)."""
 
+UNKNOWN_KERNEL, BAD_SINCE, POLICY_REFUSED, KEEP_FAILED, VERSION_MISMATCH, FORBIDDEN, SERVER_ERROR = (
+    "unknown_kernel", "bad_since", "policy_refused", "keep_failed", "version_mismatch", "forbidden", "server_error")
+"""The `$defs/errorCode`s the handlers answer with (with `kernelstate`'s for a state file refused)."""
+
 T = TypeVar("T")
+
+
+class ReplyError(web.HTTPError):
+    """A refusal whose body is `$defs/error`: `code` says what (the browser words it), `message` in English."""
+
+    def __init__(self, status: int, code: str, message: str, **fields: Any) -> None:
+        super().__init__(status, "%s", message)
+        self.body = {"code": code, "message": message[:1000], **fields}
 
 
 def in_daemon_thread(function: Callable[..., T], *args: Any) -> Awaitable[T]:
@@ -77,6 +95,10 @@ class TFGPUServer(LoggingConfigurable):
 
     cache_seconds = Float(
         1.0, help="How long one read of NVML, or of /proc and the kernels' state files, answers requests, in seconds."
+    ).tag(config=True)
+    history_seconds = Float(
+        SAMPLE_SECONDS, min=0.1, help="Seconds between two samples of a busy kernel's GPU memory (its history "
+        f"keeps the last {SAMPLES} samples)."
     ).tag(config=True)
 
 
@@ -126,8 +148,10 @@ class Cached:
 class Readings:
     """The last NVML reading and the last read of this server's kernels, each shared by every request."""
 
-    def __init__(self, serverapp: Any, cache_seconds: float) -> None:
+    def __init__(self, serverapp: Any, cache_seconds: float, history_seconds: float = SAMPLE_SECONDS) -> None:
         self.serverapp = serverapp
+        self.history = History(history_seconds)
+        """Each kernel's memory over time, sampled by `Sampler` from these readings."""
         self.seen = TensorFlowSeen()
         self.nvml = Cached(self._read_machine, cache_seconds)
         self.kernels = Cached(self._read_kernels, cache_seconds)
@@ -167,6 +191,66 @@ class Readings:
         return await in_daemon_thread(read_kernel, kernel_id, started, self.runtime_dir, self.seen)
 
 
+class Sampler:
+    """Takes the memory history's samples (`history.History`) every `interval` seconds, on the event loop.
+
+    It reads nothing of its own: its NVML reading and its read of the kernels' state files are the
+    shared ones the endpoints use (`Readings.nvml`, `Readings.kernels`: one read per `cache_seconds`
+    serves the requests and the history alike). It asks for a read only while something may change a
+    kernel's memory: a kernel is busy (the server's own model, from its status messages: no read), was
+    busy at its last sample, or is new. For `history.SETTLE_SECONDS` after a kernel's last busy sample
+    it reads the kernels' states alone (the kernel publishes a cell's end with its next look). Otherwise
+    nothing changes (an idle kernel runs no cell; what a thread of its own allocates meanwhile is seen
+    with the next reading), and when no client asked for a reading either (a newer one than the last
+    sample), a tick reads nothing at all."""
+
+    def __init__(self, serverapp: Any, readings: Readings) -> None:
+        self.serverapp = serverapp
+        self.readings = readings
+        self.sampled: Machine | None = None
+        """The NVML reading of the last samples: a client's newer one is sampled without a read."""
+        self.failed = False
+
+    async def tick(self) -> bool:
+        """One round of samples; True when it took any (every kernel was looked at)."""
+        try:
+            return await self._tick()
+        except Exception:  # one bad round costs its samples, never the server or the next round
+            if not self.failed:
+                self.serverapp.log.exception("tfgpu_magic: a round of memory samples failed")
+                self.failed = True
+            return False
+
+    async def _tick(self) -> bool:
+        history = self.readings.history
+        models = self.serverapp.kernel_manager.list_kernels()
+        ids = {model["id"] for model in models}
+        busy = {model["id"] for model in models if model.get("execution_state") == "busy"}
+        history.keep_only(ids)
+        now = time.time()
+        if history.wants_reading(ids, busy):
+            machine, kernels = await asyncio.gather(self.readings.nvml.get(), self.readings.kernels.get())
+        elif history.settling(ids, now):  # the states only, for the ends of cells: NVML is not read
+            machine, kernels = self.readings.nvml.value, await self.readings.kernels.get()
+        elif self.readings.nvml.value is not self.sampled and self.readings.kernels.value is not None:
+            machine, kernels = self.readings.nvml.value, self.readings.kernels.value  # a client's reading
+        else:
+            return False
+        self.sampled = machine
+        for kernel_id in ids & kernels.keys():
+            kernel = kernels[kernel_id]
+            cells = kernel.state.get("cells", ()) if kernel.state is not None else ()
+            figures = memory_figures(kernel, machine) if machine is not None else None
+            history.record(kernel_id, now, figures, cells, kernel_id in busy)
+        return True
+
+    def start(self) -> PeriodicCallback:
+        """Tick every `interval` seconds once the server's loop runs (the loop stops it with the server)."""
+        periodic = PeriodicCallback(self.tick, self.readings.history.interval * 1000)
+        self.serverapp.io_loop.add_callback(periodic.start)
+        return periodic
+
+
 def started_pid(kernel_manager: Any, kernel_id: str) -> int | None:
     """The pid the kernel's provisioner started (jupyter_client's `LocalProvisioner.pid`); None for a
     kernel that is gone or runs elsewhere (a remote provisioner)."""
@@ -191,8 +275,31 @@ class TFGPUHandler(APIHandler):
         self.finish(safefile.dumps(body))
 
     def known(self, kernel_id: str) -> None:
+        """404 `unknown_kernel` for a kernel this server does not run; 409 for a client of another version."""
+        self.same_version()
         if kernel_id not in self.kernel_manager:
-            raise web.HTTPError(404, f"this server has no kernel {kernel_id}")
+            raise ReplyError(404, UNKNOWN_KERNEL, f"this server has no kernel {kernel_id}")
+
+    def same_version(self) -> None:
+        """409 `version_mismatch` where the client says it speaks another version of the schema (a
+        client that says nothing is answered: it compares a reply's `format` itself)."""
+        given = self.request.headers.get(kernelstate.contract()["x-version-header"])
+        ours = kernelstate.schema_version()
+        if given is not None and given.strip() != str(ours):
+            client = int(given) if given.strip().isdigit() else None
+            raise ReplyError(409, VERSION_MISMATCH, f"the client speaks version {given[:20]!r} of tfgpu_magic's "
+                             f"schema, this server {ours}", server_version=ours, client_version=client)
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """Every error reply as `$defs/error` (jupyter_server's `APIHandler` writes `message` and `reason` only)."""
+        error = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(error, ReplyError):
+            body = error.body
+        else:
+            message = error.log_message if isinstance(error, web.HTTPError) and error.log_message else self._reason
+            body = {"code": FORBIDDEN if status_code == 403 else SERVER_ERROR, "message": str(message)[:1000]}
+        self.set_header("Content-Type", "application/json")
+        self.finish(safefile.dumps(body))
 
 
 class GpusHandler(TFGPUHandler):
@@ -200,6 +307,7 @@ class GpusHandler(TFGPUHandler):
     @authorized
     async def get(self) -> None:
         started = time.perf_counter()
+        self.same_version()
         machine, kernels = await asyncio.gather(self.readings.nvml.get(), self.readings.kernels.get())
         sessions = await self.readings.sessions()
         others = await self.readings.owners(machine, kernels)
@@ -212,16 +320,33 @@ class KernelHandler(TFGPUHandler):
     async def get(self, kernel_id: str) -> None:
         started = time.perf_counter()
         self.known(kernel_id)
+        since = self.since()
         machine = await self.readings.nvml.latest(FIRST_READ_WAIT) or Machine(None)
         kernel = await self.readings.kernel(kernel_id)
         sessions = await self.readings.sessions()
-        self.reply(kernel_reply(kernel, machine, sessions.get(kernel_id), datetime.now(timezone.utc)), started)
+        memory = self.readings.history.reply(kernel_id, since)
+        self.reply(kernel_reply(kernel, machine, sessions.get(kernel_id), datetime.now(timezone.utc), memory), started)
+
+    def since(self) -> float | None:
+        """`?since=`: a reply's `history.next_since` (a finite number); 400 for anything else."""
+        given = self.get_query_argument("since", None)
+        if given is None:
+            return None
+        try:
+            since = float(given)
+        except ValueError:
+            since = math.nan
+        if not math.isfinite(since):
+            raise ReplyError(400, BAD_SINCE, "since must be a number: the history's next_since from the last reply")
+        return since
 
 
 class KeepHandler(TFGPUHandler):
     """Store the policy kernel `kernel_id` published for the next kernel on its connection file, as
     `%tfgpu restart` stores it from inside: the labextension's restart command asks this just before it
-    restarts, so a busy or hung kernel is never asked anything."""
+    restarts, so a busy or hung kernel is never asked anything. A state file it cannot use (its code:
+    `kernelstate.StateInvalid.code`), a policy in it that the policy's rules refuse (`policy_refused`),
+    or a store that fails (`keep_failed`) is a 409 with the reason."""
 
     @web.authenticated
     @authorized
@@ -231,15 +356,18 @@ class KeepHandler(TFGPUHandler):
         connection = Path(self.kernel_manager.get_kernel(kernel_id).connection_file)
         kernel = await in_daemon_thread(read_kernel, kernel_id, None, connection.parent, TensorFlowSeen())
         if kernel.invalid is not None:
-            raise web.HTTPError(409, f"kernel {kernel_id}'s state file is not usable: {kernel.invalid}")
+            raise ReplyError(409, kernel.invalid_code, f"kernel {kernel_id}'s state file is not usable: {kernel.invalid}")
         if kernel.state is None or not kernel.state["keep"]:
             self.reply({"format": KEEP_FORMAT, "kept": False}, started)
             return
-        policy = kernelstate.policy_from_record(kernel.state["policy"])
+        try:  # a state the schema accepts may hold a policy its rules refuse: a conflict, like a file refused
+            policy = kernelstate.policy_from_record(kernel.state["policy"])
+        except PolicyError as err:
+            raise ReplyError(409, POLICY_REFUSED, f"the policy could not be kept: {err}") from None
         try:
             await in_daemon_thread(persist.store_pending, kernel_id, policy, connection, connection.parent)
         except (OSError, PolicyError) as err:
-            raise web.HTTPError(409, f"the policy could not be kept: {err}") from None
+            raise ReplyError(409, KEEP_FAILED, f"the policy could not be kept: {err}") from None
         self.reply({"format": KEEP_FORMAT, "kept": True}, started)
 
 
@@ -247,7 +375,8 @@ def setup_handlers(serverapp: Any) -> None:
     """Register the handlers under the server's base URL."""
     web_app = serverapp.web_app
     settings = TFGPUServer(parent=serverapp)
-    web_app.settings[SETTINGS_KEY] = Readings(serverapp, settings.cache_seconds)
+    readings = web_app.settings[SETTINGS_KEY] = Readings(serverapp, settings.cache_seconds, settings.history_seconds)
+    Sampler(serverapp, readings).start()
     base = web_app.settings["base_url"]
     kernel = r"api/tfgpu/kernels/(?P<kernel_id>[\w-]+)"
     web_app.add_handlers(".*$", [

@@ -3,7 +3,8 @@
 of it that enforces TensorFlow's real rules, tests/fake_tf.py, checked against real TensorFlow on CPU),
 diffing a plan against what TensorFlow recorded and applying it through the seam, the TF1 `ConfigProto`
 of a plan, TensorFlow's Python loggers. The plan holds TensorFlow's arguments already (`Plan.tf_limits`,
-derived once). What comes back is records (`Change`, `Refusal`, `Recorded`); `views.status` words them.
+derived once). What comes back is records (`Change`, `Refusal`, `Recorded`, `LoggerSet`, `plan.Note`);
+`views.status` words them.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Any, Callable, Literal, NamedTuple, Protocol, Sequence
 
 from ..envvars import TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR
 from ..errors import PolicyError, short_error
-from ..plan import Plan
-from .runtime import (ASYNC_ALLOCATOR, LOCKED_MARKER, NO_GPU_NOTE, NO_TENSORFLOW, Logical, RuntimeState,
+from ..plan import Note, Plan, note
+from .runtime import (ASYNC_ALLOCATOR, LOCKED_MARKER, NO_TENSORFLOW, Logical, RuntimeState,
                       logical_entries, record_devices_created, runtime_state)
 
 class ConfigAPI(Protocol):
@@ -42,7 +43,7 @@ class ConfigAPI(Protocol):
         """The module attributes that create devices outside the eager context."""
     def record_devices_created(self, route: str) -> None:
         """Remember (once, process-wide) that `route` created GPU devices; `state()` reports it."""
-    def set_loglevel(self, level: str | None) -> list[str]:
+    def set_loglevel(self, level: str | None) -> list[LoggerSet]:
         """Set TensorFlow's Python loggers to `level` (None: back to how they were); what changed."""
 
 
@@ -119,7 +120,7 @@ class TensorFlowConfig:
     def record_devices_created(self, route: str) -> None:
         record_devices_created(route)
 
-    def set_loglevel(self, level: str | None) -> list[str]:
+    def set_loglevel(self, level: str | None) -> list[LoggerSet]:
         return set_python_loglevel(level)
 
     def device_routes(self) -> list[Route]:
@@ -148,10 +149,24 @@ _python_defaults: dict[str, Any] = {}
 """The loggers' levels before this tool first set them, restored by `loglevel off`."""
 
 
-def set_python_loglevel(level: str | None) -> list[str]:
+class LoggerSet(NamedTuple):
+    """A Python logger of TensorFlow's set to `level` and above (None: back to its own level)."""
+
+    logger: str
+    level: str | None
+
+
+class VariableSet(NamedTuple):
+    """An environment variable this tool set to `value` (None: unset), or restored so."""
+
+    name: str
+    value: str | None
+
+
+def set_python_loglevel(level: str | None) -> list[LoggerSet]:
     """Set the `tensorflow` logger (and absl's, when absl is loaded) to `level`; None restores the
     levels they had before. Unlike the C++ level these stay settable for the whole process.
-    Returns one line per logger that changed."""
+    Returns a record per logger that changed."""
     loggers: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {}
     tf_logger = logging.getLogger("tensorflow")
     loggers["tensorflow"] = (lambda: tf_logger.level, tf_logger.setLevel)
@@ -169,8 +184,7 @@ def set_python_loglevel(level: str | None) -> list[str]:
             wanted = PYTHON_LOGGERS[level] if name == "tensorflow" else _absl_verbosity(absl, level)
         if get() != wanted:
             put(wanted)
-            shown = f"{level} and above" if level is not None else "back to its own level"
-            changed.append(f"Python logger {name}: {shown}")
+            changed.append(LoggerSet(name, level))
     return changed
 
 
@@ -250,24 +264,27 @@ class ApplyReport:
     """What applying a plan did, step by step. (A plain class: it is on the `%load_ext` path, where a
     dataclass's code generation costs about a millisecond; docs/architecture.md, "Rows".)"""
 
-    __slots__ = ("state", "waiting", "applied", "locked", "failed", "notes", "earlier", "absent", "gpu_edits")
+    __slots__ = ("state", "waiting", "applied", "locked", "failed", "notes", "earlier", "absent", "gpu_edits", "left")
 
     def __init__(self, state: RuntimeState, waiting: bool = False, locked: list[Change] | None = None) -> None:
         self.state = state
         self.waiting = waiting
         """TensorFlow is not imported yet: the import hook will apply the rest."""
-        self.applied: list[Change | str] = []
-        """Changes made, and variables set (`NAME=value`, `unset NAME`) and loggers changed, as lines."""
+        self.applied: list[Change | LoggerSet | VariableSet | tuple] = []
+        """Changes made, loggers and variables set, PyTorch's fractions (`frameworks.torch.FractionSet`)."""
         self.locked: list[Change] = locked or []
         self.failed: list[Refusal] = []
-        self.notes: list[str] = []
+        self.notes: list[Note] = []
         self.earlier: list[Change] = []
         """The `locked` items the previous report already named (an edit names only its own)."""
-        self.absent: list[str] = []
-        """Notes on the part of the policy that has no device to apply to (`NO_GPU_NOTE`, missing GPUs),
+        self.absent: list[Note] = []
+        """Notes on the part of the policy that has no device to apply to (no GPU, missing GPUs),
         every time, while `notes` holds only what was not said before."""
         self.gpu_edits: list[str] = []
         """The GPU settings an edit asked for anew (status phrases), named where `absent` applies."""
+        self.left: list[tuple[str, str | None]] = []
+        """Variables (name, value now; None: unset) the user set after this tool did: left as they are,
+        where the policy no longer wants them (`reset`), instead of restored."""
 
     def __repr__(self) -> str:
         return f"ApplyReport({', '.join(f'{name}={getattr(self, name)!r}' for name in self.__slots__)})"
@@ -282,7 +299,7 @@ def env_changes(plan: Plan) -> list[Change]:
     return [Change("variable", name, current, target, why) for name, current, target, why in plan.locked_env]
 
 
-def pending_changes(plan: Plan, api: ConfigAPI) -> tuple[list[Step], list[str]]:
+def pending_changes(plan: Plan, api: ConfigAPI) -> tuple[list[Step], list[Note]]:
     """Every `tf.config` call the plan needs that TensorFlow has not recorded yet (variables read
     already first, with no call), and notes on what part of the plan has no device to apply to
     (`ApplyReport.absent`)."""
@@ -299,13 +316,13 @@ def pending_changes(plan: Plan, api: ConfigAPI) -> tuple[list[Step], list[str]]:
         # change, but the GPUs will not follow it (a changed split even fails at initialization).
         gpu_steps = [Step(step.change._replace(why="devices_created"), None) for step in gpu_steps]
     steps = [*(Step(change, None) for change in env_changes(plan)), *gpu_steps, *_logical_changes(plan, api, [], cpus)]
-    notes = []
+    notes: list[Note] = []
     missing = sorted(index for index, _ in plan.tf_limits if index >= len(gpus))
     wants_gpu = plan.growth is not None or plan.sized or plan.visible_gpus
     if not gpus and (wants_gpu or plan.env_map.get(TF_FORCE_GPU_ALLOW_GROWTH) == "true"):
-        notes.append(NO_GPU_NOTE)
+        notes.append(note("no_gpu"))
     elif missing:
-        notes.append(f"TensorFlow sees {len(gpus)} GPU(s); no GPU:{', GPU:'.join(map(str, missing))} to configure")
+        notes.append(note("missing_gpus", seen=len(gpus), missing=tuple(missing)))
     return steps, notes
 
 

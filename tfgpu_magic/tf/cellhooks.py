@@ -1,5 +1,6 @@
-"""What starts when TensorFlow is imported in an IPython shell: the watch for the initializing cell
-and the OOM explanation. Nothing of it exists before the import, so cells before it pay nothing.
+"""What starts when TensorFlow is imported in an IPython shell: the watch for the initializing cell,
+the OOM explanation and the record of each cell's memory (`cellmemory`). Nothing of it exists before
+the import, so cells before it pay nothing.
 
 Called by the controller's import-hook callback, and by `Controller.apply` when it finds TensorFlow
 imported already (both idempotent); outside IPython it does nothing. The OOM hook speaks in the words
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import events, initcell, oom
+from . import cellmemory, events, initcell, oom
 from .memory import peaks_per_cell
 from .memory import MemorySource
 from .runtime import current_shell
@@ -21,5 +22,6 @@ def on_tensorflow_import(controller: MemorySource, shell: Any = None) -> None:
     if shell is None or not hasattr(shell, "events"):
         return
     initcell.watch_initialization(shell)
-    oom.install(shell, controller, peak_from_cell=lambda: peaks_per_cell(shell))
+    cellmemory.record_cells(shell)
+    oom.install(shell, controller, peak_from_cell=lambda: peaks_per_cell(shell) or cellmemory.recording(shell))
     events.changed()  # TensorFlow imported: a published state says so

@@ -4,31 +4,39 @@ from __future__ import annotations
 
 import json
 import shlex
+from typing import Callable
 
 from ..errors import PolicyError
 from ..envvars import TF_FORCE_GPU_ALLOW_GROWTH
-from ..plan import Plan, build_plan
+from ..plan import Note, Plan, build_plan
 from ..language.policy import Policy
 
 HEADER = "# GPU policy exported by tfgpu_magic; run it before anything else touches TensorFlow."
 
 
-def export(policy: Policy, fmt: str = "python", plan: Plan | None = None) -> str:
+def note_code(note: Note) -> str:
+    """A note as its code and fields, where no view words it (`views.status.note_text` does)."""
+    return note.code + "".join(f" {name}={value}" for name, value in note.fields)
+
+
+def export(policy: Policy, fmt: str = "python", plan: Plan | None = None,
+           words: Callable[[Note], str] = note_code) -> str:
     """The policy in `fmt` (python, env or json), ready to paste. `plan` (default: the policy's
-    plan for a fresh process) is what python and env follow; see `Controller.export_plan`."""
+    plan for a fresh process) is what python and env follow; see `Controller.export_plan`. `words`
+    words its notes (comments)."""
     if fmt == "json":
         return json.dumps(policy.to_dict(), indent=2)
     plan = plan or build_plan(policy)
     if fmt == "python":
-        return to_python(plan)
+        return to_python(plan, words)
     if fmt == "env":
-        return to_env(plan)
+        return to_env(plan, words)
     raise PolicyError(f"export: unknown format {fmt!r}; expected python, env or json")
 
 
-def to_python(plan: Plan) -> str:
+def to_python(plan: Plan, words: Callable[[Note], str] = note_code) -> str:
     """A script that realises `plan` in a fresh process (a no-op on parts the machine lacks)."""
-    lines = [HEADER, *_note_comments(plan)]
+    lines = [HEADER, *_note_comments(plan, words)]
     if plan.env:
         lines += ["import os", ""]
     for name, value in plan.env:
@@ -87,12 +95,12 @@ def to_python(plan: Plan) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def to_env(plan: Plan) -> str:
+def to_env(plan: Plan, words: Callable[[Note], str] = note_code) -> str:
     """Shell lines for what environment variables can express; the rest as comments."""
     env = plan.env_map
     if plan.growth is not None:
         env[TF_FORCE_GPU_ALLOW_GROWTH] = "true" if plan.growth else "false"
-    lines = [HEADER.replace("run it", "source it"), *_note_comments(plan)]
+    lines = [HEADER.replace("run it", "source it"), *_note_comments(plan, words)]
     for name, value in env.items():
         lines.append(f"export {name}={shlex.quote(value)}" if value is not None else f"unset {name}")
     if plan.sized or plan.cpu_devices is not None or plan.torch_fractions:
@@ -103,6 +111,6 @@ def to_env(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _note_comments(plan: Plan) -> list[str]:
+def _note_comments(plan: Plan, words: Callable[[Note], str]) -> list[str]:
     """The plan's notes as comments, so an export never drops a setting without a word."""
-    return [f"# Note: {note}" for note in plan.notes]
+    return [f"# Note: {words(note)}" for note in plan.notes]

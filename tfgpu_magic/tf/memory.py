@@ -163,7 +163,7 @@ def cuda_order(controller: MemorySource, inventory: Inventory, state: RuntimeSta
                   for name in (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER))
     if raw is None:
         return [gpu.ref for gpu in inventory.gpus]
-    return [None if card is None else str(card) for card in grant_of(raw, order, inventory).cards]
+    return [None if card is None else str(card) for card in grant_of(raw, order, inventory, controller.environ).cards]
 
 
 class VisibleGpu(NamedTuple):
@@ -276,14 +276,15 @@ def memory(controller: MemorySource, api: MemoryAPI | None = None, inventory: In
     return [row.as_dict() for row in memory_rows(controller, api, inventory)]
 
 
-def memory_rows(controller: MemorySource, api: MemoryAPI | None = None,
-                inventory: Inventory | None = None) -> list[GpuMemory]:
+def memory_rows(controller: MemorySource, api: MemoryAPI | None = None, inventory: Inventory | None = None,
+                state: RuntimeState | None = None, plan: Plan | None = None) -> list[GpuMemory]:
     """One row per visible GPU (TensorFlow's order); empty without GPUs. Never imports or initializes
-    TensorFlow: TensorFlow's figures are None until its runtime is initialized."""
+    TensorFlow: TensorFlow's figures are None until its runtime is initialized. `state` and `plan`: the
+    controller's now, where the caller read them already."""
     api = api or TensorFlowMemory()
     inventory = inventory or controller.inventory()
-    state = controller.state()
-    plan = controller.plan(state)
+    state = state or controller.state()
+    plan = plan or controller.plan(state)
     cards = visible_cards(controller, inventory, state, plan)
     logical = logical_ids(controller, cards, state)
     stats = _tensor_stats(api, [device for devices in logical.values() for device in devices])
@@ -326,3 +327,25 @@ def _tensor_stats(api: MemoryAPI, devices: list[str]) -> dict[str, tuple[int, in
         return {}
     return {device: api.info(device) for device in devices}
 
+
+def tensor_figures(api: MemoryAPI, devices: tuple[str, ...]) -> tuple[int, int] | None:
+    """TensorFlow's bytes in tensors now and at peak over `devices` (one card's logical devices); None
+    where none has statistics."""
+    stats = [s for s in map(api.info, devices) if s is not None]
+    return (sum(s[0] for s in stats), sum(s[1] for s in stats)) if stats else None
+
+
+def with_tensor_figures(rows: list[GpuMemory], api: MemoryAPI) -> list[GpuMemory] | None:
+    """`rows` (`memory_rows`: cards, logical devices and caps, fixed once TensorFlow's runtime is
+    initialized) with only TensorFlow's tensor figures read afresh: what a timer shows, without the plan
+    or the state. None where the rows are stale (the runtime was initialized since: read them anew)."""
+    if not rows or not api.initialized():
+        return rows
+    if not all(row.initialized for row in rows):
+        return None
+    fresh = []
+    for row in rows:
+        figures = tensor_figures(api, row.logical_devices)
+        fresh.append(row._replace(tensors_bytes=figures[0] if figures else None,
+                                  peak_bytes=figures[1] if figures else None))
+    return fresh

@@ -140,6 +140,8 @@ CUDA_DRIVER_LIBRARY = b"/libcuda.so"
 """The CUDA driver library, as the maps name it: it is loaded when CUDA starts (cuInit reads `CUDA_*` then)."""
 PROC_MAPS = "/proc/self/maps"
 LIBCUDA_LOADED = "libcuda is loaded in this process"
+NVML_LISTS_SELF = "NVML lists this process on a GPU"
+"""The two reasons `RuntimeState.cuda_elsewhere` gives (the second is the controller's, from NVML)."""
 _libcuda_seen = False
 """Set once libcuda was seen in this process's maps: CUDA's driver library is never unloaded."""
 

@@ -23,8 +23,8 @@ from ..controller import Controller
 from ..errors import PolicyError
 from ..jupyter import persist
 from ..language.directives import spec
-from .results import DoctorResult, Result, RestartOffer, SelftestResult, StatusResult
-from .status import describe_policy, edit_report, pending_lines, snapshot
+from .results import DoctorResult, MemoryResult, Result, RestartOffer, SelftestResult, StatusResult
+from .status import describe_policy, edit_report, note_text, pending_lines, snapshot
 
 Action = Callable[..., "str | Result"]
 
@@ -59,7 +59,7 @@ def apply(controller: Controller, shell: Any = None, arg: str | None = None) -> 
 @runs("export")
 def export(controller: Controller, shell: Any = None, arg: str | None = None) -> str:
     """`%tfgpu export [python | env | json]`: the standalone equivalent of the policy."""
-    return controller.export(arg or "python").rstrip("\n")
+    return controller.export(arg or "python", note_text).rstrip("\n")
 
 
 @runs("restart")
@@ -135,11 +135,12 @@ def selftest(controller: Controller, shell: Any = None, arg: str | None = None, 
 
 
 @runs("memory")
-def memory(controller: Controller, shell: Any = None, arg: str | None = None) -> str:
-    """`%tfgpu memory`: one row per visible GPU (never imports or initializes TensorFlow)."""
-    from .figures import memory_text
+def memory(controller: Controller, shell: Any = None, arg: str | None = None) -> MemoryResult:
+    """`%tfgpu memory`: one row per visible GPU, then each recent cell's figures per card (never imports
+    or initializes TensorFlow)."""
+    from .figures import memory_result
 
-    return memory_text(controller)
+    return memory_result(controller, shell)
 
 
 @runs("watch")
@@ -218,15 +219,17 @@ def autoload(controller: Controller, shell: Any, arg: str | None = None) -> str:
 @runs("kernelspec")
 @_setup_errors
 def kernelspec(controller: Controller, shell: Any, arg: str | None = None, *,
-               display_name: str | None = None, remove: bool = False) -> str:
-    """`%tfgpu kernelspec NAME [--display-name TEXT] [--remove]`: install or remove our kernelspec `arg`."""
+               display_name: str | None = None, slurm: str | None = None, remove: bool = False) -> str:
+    """`%tfgpu kernelspec NAME [--display-name TEXT] [--slurm ARGS] [--remove]`: install or remove our
+    kernelspec `arg` (a Slurm job's with `slurm`)."""
     from ..jupyter import kernelspec as specs
 
     name = arg or ""
     if remove:
         return f"Removed kernelspec {name!r} ({specs.remove(name)})."
-    where = specs.install(name, controller.policy, display_name)
-    return f"Installed kernelspec {name!r} in {where}; pick it in the launcher for a kernel with this policy."
+    where = specs.install(name, controller.policy, display_name, slurm)
+    job = " that runs as a Slurm job" if slurm is not None else ""
+    return f"Installed kernelspec {name!r} in {where}; pick it in the launcher for a kernel{job} with this policy."
 
 
 @runs("who")

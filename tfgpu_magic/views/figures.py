@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..language.policy import short_uuid
 from ..language.sizes import bytes_text, gib_pair, mib_text
 from ..gpus.inventory import Inventory
+from ..tf.cellmemory import recorder
 from ..tf.memory import GpuMemory, MemoryAPI, memory_rows
 from ..tf.runtime import RuntimeState
+from .percell import card_cells
+from .results import MemoryResult
 
 if TYPE_CHECKING:
     from ..controller import Controller
+    from ..frameworks import FrameworkMemory
 
 NO_GPU_HINT = "`%tfgpu doctor` says why"
 
@@ -47,22 +51,36 @@ def memory_text(controller: Controller, api: MemoryAPI | None = None, inventory:
     """`%tfgpu memory`: one compact row per visible GPU, or the one line without GPUs; then JAX's and
     PyTorch's own figures where they started."""
     inventory = inventory or controller.inventory()
-    rows = memory_rows(controller, api, inventory)
+    return _figures_text(controller, memory_rows(controller, api, inventory), inventory)
+
+
+def _figures_text(controller: Controller, rows: list[GpuMemory], inventory: Inventory) -> str:
     text = render(rows, controller.state()) if rows else no_gpu_line(controller, inventory)
     return "\n".join([text, *framework_lines(controller.framework_memory())])
+
+
+def memory_result(controller: Controller, shell: Any = None, api: MemoryAPI | None = None,
+                  inventory: Inventory | None = None) -> MemoryResult:
+    """`%tfgpu memory` whole: `memory_text`'s figures, then what `shell`'s cell hooks recorded of each
+    cell (`tf.cellmemory`) on each of the rows' cards."""
+    inventory = inventory or controller.inventory()
+    rows = memory_rows(controller, api, inventory)
+    found = recorder(shell)
+    cards = card_cells(rows, list(found.cells)) if found is not None else []
+    return MemoryResult(_figures_text(controller, rows, inventory), cards)
 
 
 FRAMEWORK_FIGURES = {"jax": ("JAX", "in use", "peak", "pool limit"), "torch": ("PyTorch", "allocated", None, "reserved")}
 """How each framework's own figures are called (`Controller.framework_memory`)."""
 
 
-def framework_lines(figures: dict[str, list[tuple[str, str | None, int, int | None, int | None]]]) -> list[str]:
+def framework_lines(figures: dict[str, list[FrameworkMemory]]) -> list[str]:
     """A line per device of each framework that keeps its own figures: `JAX gpu:0 (GPU-b1c2d3e4…): in use
     1.2 GiB, peak 2.0 GiB, pool limit 60.0 GiB`."""
     lines = []
     for name, rows in figures.items():
         label, current, peak, reserved = FRAMEWORK_FIGURES[name]
-        for device, card, now, top, pool in rows:
+        for device, card, now, top, pool in rows:  # a FrameworkMemory, or the tuple of its fields
             parts = [f"{current} {bytes_text(now)}"]
             parts += [f"{peak} {bytes_text(top)}"] if peak and top is not None else []
             parts += [f"{reserved} {bytes_text(pool)}"] if pool is not None else []

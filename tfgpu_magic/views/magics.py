@@ -137,12 +137,12 @@ def watch_tensorflow_import(magics: TFGPUMagics) -> None:
     already, start them now."""
     import sys
 
-    from ..tf import importhook
+    from ..tf import quietimport
 
     if "tensorflow" in sys.modules:
         magics.controller.apply()
-    elif not importhook.is_armed():
-        importhook.arm(lambda: magics.controller.on_tensorflow_import())
+    elif not quietimport.is_armed():
+        quietimport.arm(lambda: magics.controller.on_tensorflow_import())
 
 
 # ----- from a line or a cell to its result (imported nothing until the first `%tfgpu`) -------------
@@ -151,6 +151,8 @@ SAID_RECORDED = "_tfgpu_said_recorded"
 
 CONTROL_FORMATS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 """Bidirectional controls: like an ANSI escape, they make a name show other than it reads."""
+COMMAND_LINE_OPTIONS = ("--slurm",)
+"""Options whose value is itself a command line: it may start with `--` (`--slurm "--gres=gpu:1"`)."""
 
 
 def run_cell(controller: Controller, shell: Any, line: str, cell: str) -> None:
@@ -231,7 +233,7 @@ def split_options(line: str) -> tuple[list[str], dict[str, Any]]:
             raise PolicyError(f"{name} is given twice; give it once")
         if directives.OPTIONS[name][1].value is not None:
             value = value if has_value else next(remaining, "")
-            if not value or value.startswith("--"):
+            if not value or (value.startswith("--") and name not in COMMAND_LINE_OPTIONS):
                 raise PolicyError(f"{name} needs a value, e.g. {name} \"TensorFlow GPU 0\"")
             check_printable(name, value)
             options[name] = value
@@ -264,5 +266,6 @@ def check_options(options: dict[str, Any], directive: Action | Edit) -> None:
         owners = [owner.name for owner in directives.OPTIONS[option][0]]
         if directive.name not in owners:
             raise PolicyError(f"{option} only goes with {' or '.join(f'`{owner}`' for owner in owners)}")
-    if "--remove" in options and "--display-name" in options:
-        raise PolicyError("--display-name names a kernelspec to install; it makes no sense with --remove")
+    for install_only in ("--display-name", "--slurm"):
+        if "--remove" in options and install_only in options:
+            raise PolicyError(f"{install_only} shapes a kernelspec to install; it makes no sense with --remove")

@@ -28,7 +28,7 @@ from ..language.sizes import directive_size, gib_pair, mib_count, mib_text, spli
 from .confirm import whole_layout
 from .results import badge, state_label_html, text_html
 from .hookup import shared_controller
-from .status import describe_report, pending_lines
+from .status import describe_report, no_gpu_reason, note_text, notebook_notes, pending_lines
 
 REFRESH_SECONDS = 2.0
 LOCKED_REASON = "TensorFlow is initialized: edits below are recorded and apply with Restart kernel and apply"
@@ -134,7 +134,10 @@ class Panel:
         self.message = ""
         self._refresher: threading.Thread | None = None
         self._stop = threading.Event()
-        self.rows, self.no_gpu_reason = self.controller.gpus()
+        self._layout: list[Any] | None = None
+        """The live figures' rows as the last full look read them (`refresh_memory`)."""
+        self.rows, why = self.controller.gpus()
+        self.no_gpu_reason = no_gpu_reason(why)
 
         self.header = w.HTML()
         self.error = w.HTML()
@@ -229,7 +232,7 @@ class Panel:
         self.restart_button.on_click(lambda _: self._ask_restart(True) if self.restarts else self._do_restart())
         self.cancel_button.on_click(lambda _: self._ask_restart(False))
         self.confirm_button.on_click(lambda _: self._do_restart())
-        self.export_button.on_click(lambda _: self._show(self.controller.export()))
+        self.export_button.on_click(lambda _: self._show(self.controller.export(words=note_text)))
         self.reset_button.on_click(lambda _: self._edit("reset"))
         self.live.observe(lambda c: self.set_live(c["new"]), "value")
 
@@ -315,6 +318,7 @@ class Panel:
         for title, items in pending_lines(self.controller, state):
             entries = "".join(f"<li>{text_html(item)}</li>" for item in items)
             lines.append(f"{text_html(title)}:<ul style='margin:2px 0'>{entries}</ul>")
+        lines += [f"{badge('notebook')} {text_html(note)}" for note in notebook_notes(self.controller)]
         return "<br>".join(lines)
 
     def refresh_who(self) -> None:
@@ -327,11 +331,30 @@ class Panel:
         TensorFlow's figures and the cap too (`%tfgpu memory`'s, never initializing TensorFlow), under
         the table."""
         from ..tf.memory import memory_rows
+
+        self._layout = memory_rows(self.controller) if self.live.value else None
+        self._show_memory(self._layout or [])
+
+    def refresh_figures(self) -> None:
+        """The live refresh's look: only the figures shown (NVML's, TensorFlow's tensor counts) on the
+        layout the last full look read (`views.watch.with_tensor_figures`), never the plan; a full look
+        where there is no layout yet, the policy changed, or the runtime was initialized since."""
+        from ..tf.memory import TensorFlowMemory
+        from .watch import with_tensor_figures
+
+        rows = with_tensor_figures(self._layout, TensorFlowMemory()) if self._layout is not None else None
+        if rows is None:
+            self.refresh_memory()
+        else:
+            self._show_memory(rows)
+
+    def _show_memory(self, memory: list[Any]) -> None:
+        """The rows' NVML figures, and under the table TensorFlow's figures of `memory` (`GpuMemory`s)."""
         from .figures import summary
 
         rows, _ = self.controller.gpus()
         gpus = {gpu.ref: gpu for gpu in self.controller.inventory().gpus}
-        figures = {row.gpu: summary(row) for row in memory_rows(self.controller)} if self.live.value else {}
+        figures = {row.gpu: summary(row) for row in memory}
         for row in rows:
             if row.ref in self.bars:
                 gpu = gpus.get(row.ref)
@@ -353,9 +376,10 @@ class Panel:
 
     def _refresh_loop(self, stop: threading.Event) -> None:
         while not stop.wait(REFRESH_SECONDS):
-            self.refresh_memory()
+            self.refresh_figures()
 
     def _on_controller_change(self, controller: Controller) -> None:
+        self._layout = None  # the caps follow the policy: the next look reads them anew
         self.sync()
 
     def _show(self, text: str) -> None:

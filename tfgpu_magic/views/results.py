@@ -18,7 +18,9 @@ from ..gpus.inventory import Inventory
 from ..tf import initcell
 from ..language.policy import short_uuid
 from ..language.sizes import gib_pair, mib_text
-from .status import StatusSnapshot, no_gpus_text, outside_grant, shown_variable, status_text
+from . import percell
+from .percell import CardCells
+from .status import StatusSnapshot, kept_text, no_gpus_text, outside_grant, shown_variable, status_text
 
 if TYPE_CHECKING:
     from ..doctor import Check
@@ -178,6 +180,8 @@ class StatusResult(Result):
             ("Policy", text_html("; ".join(snap.policy)) if snap.policy else "none (TensorFlow defaults)"),
             ("Variables", env or "none set"),
         ]
+        if snap.kept is not None:
+            rows.insert(-1, ("Kept", text_html(kept_text(snap.kept))))
         rows += [("", text_html(line)) for line in snap.cuda_visible]
         rows.append(("GPUs", gpus_html(snap.inventory, snap.grant)))
         if snap.recorded is not None:
@@ -249,6 +253,24 @@ class SelftestResult(Result):
         return (f"<div class='tfgpu-selftest'><b>{html.escape(header(rows))}</b>"
                 f"<table style='{TABLE}'>{''.join(lines)}</table>"
                 f"<p style='margin:4px 0'>{html.escape(summary(rows, self.seconds))}</p></div>")
+
+
+class MemoryResult(Result):
+    """`%tfgpu memory`: the figures per GPU (`figures.memory_text`), then per card each recent cell's
+    figures (`percell`): a table in text; in a notebook the same with a chart per card."""
+
+    __slots__ = ("figures", "cards")
+
+    def __init__(self, figures: str, cards: list[CardCells]) -> None:
+        self.figures = figures
+        self.cards = cards
+
+    def text(self) -> str:
+        return "\n\n".join(part for part in (self.figures, percell.text(self.cards)) if part)
+
+    def html(self) -> str:
+        return (f"<div class='tfgpu-memory'><pre style='margin:0'>{html.escape(self.figures)}</pre>"
+                f"{percell.html_block(self.cards, TABLE, CELL)}</div>")
 
 
 class RestartOffer(Result):

@@ -8,7 +8,7 @@ renders that; `views.results.StatusResult` renders the same snapshot as HTML.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
 from ..gpus.cudaenv import Grant, grant_of, parse_cuda_visible
 from ..gpus.inventory import Gpu, Inventory
@@ -19,11 +19,13 @@ from ..envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, NAMES
 from ..tf import initcell
 from ..frameworks import FrameworkView
 from ..frameworks.torch import FractionSet
-from ..tf.apply import ApplyReport, Change, Recorded, Refusal
-from ..tf.runtime import NO_GPU, NO_GPU_NOTE, LogicalSpec, RuntimeState, current_shell
+from ..plan import Plan
+from ..tf.apply import ApplyReport, Change, LoggerSet, Recorded, Refusal, VariableSet
+from ..tf.runtime import NO_GPU, LogicalSpec, RuntimeState, current_shell
+from .notes import note_text
 
 if TYPE_CHECKING:
-    from ..controller import Controller  # only a hint: `%load_ext` imports this module, not the controller
+    from ..controller import Controller, NoGpu  # only hints: `%load_ext` imports this module, not the controller
 
 RESTART_HINT = "Run `%tfgpu restart` to restart the kernel with the policy in force."
 TERMINAL_RESTART_HINT = (
@@ -76,8 +78,10 @@ def describe_report(report: ApplyReport, restart_hint: str = RESTART_HINT, actio
         lines.append("Policy cleared." if report.locked else "Policy cleared: TensorFlow's defaults from now on.")
         if restored:
             lines.append("Restored what this tool had set: " + ", ".join(restored))
-        elif not any(item.setting == "variable" for item in report.locked):
+        elif not (report.left or any(item.setting == "variable" for item in report.locked)):
             lines.append("No variable needed restoring.")
+    if report.left:
+        lines.append(left_text(report.left))
     if locked:
         lines.append(
             f"TensorFlow's runtime is already initialized in this process{initialized_by()}, so these settings "
@@ -95,7 +99,8 @@ def describe_report(report: ApplyReport, restart_hint: str = RESTART_HINT, actio
         lines += [f"  - {item_text(item)}" for item in report.failed]
     if applied:
         lines.append("Applied: " + "; ".join(map(_shown_applied, applied)))
-    absent = nothing_to_apply(report) if action == "edit" else list(report.absent) if action == "apply" else []
+    absent = nothing_to_apply(report) if action == "edit" else list(map(note_text, report.absent)) \
+        if action == "apply" else []
     lines += absent
     if report.failed and not applied:
         lines.append("Nothing else was applied.")
@@ -104,8 +109,14 @@ def describe_report(report: ApplyReport, restart_hint: str = RESTART_HINT, actio
             lines.append(NOT_IMPORTED if action == "apply" and not applied else RECORDED)
         elif not applied:
             lines.append("Already in force.")
-    lines += [f"Note: {note}" for note in report.notes if not (absent and note in report.absent)]
+    lines += [f"Note: {note_text(note)}" for note in report.notes if not (absent and note in report.absent)]
     return "\n".join(lines)
+
+
+def left_text(left: list[tuple[str, str | None]]) -> str:
+    """One line on variables set after this tool set them: they are the user's, left as they are."""
+    values = ", ".join(f"{name} unset" if value is None else shown_variable(name, value) for name, value in left)
+    return f"Left as you set them after this tool did (not restored): {values}"
 
 
 READERS = {"jax_backends": "JAX", "torch_cuda": "PyTorch", "torch_import": "PyTorch"}
@@ -122,10 +133,11 @@ def nothing_to_apply(report: ApplyReport) -> list[str]:
     (instead of calling them in force; `apply` gives the notes on all of them)."""
     if not (report.gpu_edits and report.absent):
         return []
-    if report.absent == [NO_GPU_NOTE]:
+    if [note.code for note in report.absent] == ["no_gpu"]:
         asked = " and ".join(f"`{phrase}`" for phrase in report.gpu_edits)
         return [f"{NO_GPU}: {asked} {'has' if len(report.gpu_edits) == 1 else 'have'} nothing to apply to here."]
-    return list(report.absent)
+    return list(map(note_text, report.absent))
+
 
 
 def shown(value: Any) -> str:
@@ -174,9 +186,13 @@ def change_text(change: Change, route: str | None = None) -> str:
     return text + (f" ({why.format(route=route)})" if why else "")
 
 
-def item_text(item: Change | Refusal | FractionSet | str, route: str | None = None) -> str:
+def item_text(item: Change | Refusal | FractionSet | LoggerSet | VariableSet, route: str | None = None) -> str:
     """An `ApplyReport` item as its message words it: a change, a change TensorFlow refused (with
-    TensorFlow's words), a PyTorch memory fraction, or a line as it is (a variable set, a logger changed)."""
+    TensorFlow's words), a PyTorch memory fraction, a logger or a variable set (`NAME=value`, `unset NAME`)."""
+    if isinstance(item, VariableSet):
+        return f"{item.name}={item.value}" if item.value is not None else f"unset {item.name}"
+    if isinstance(item, LoggerSet):
+        return f"Python logger {item.logger}: {item.level + ' and above' if item.level else 'back to its own level'}"
     if isinstance(item, FractionSet):
         when = " when its CUDA starts" if item.queued else ""
         return f"PyTorch's memory fraction of GPU {item.device}: {item.wanted:g}{when} (a soft cap)"
@@ -203,11 +219,12 @@ def recorded_lines(records: list[Recorded]) -> list[str]:
     return lines
 
 
-def pending_lines(source: Controller, state: RuntimeState | None = None) -> list[tuple[str, list[str]]]:
+def pending_lines(source: Controller, state: RuntimeState | None = None,
+                  plan: Plan | None = None) -> list[tuple[str, list[str]]]:
     """`Controller.pending()` in its two groups (needs a restart, `%tfgpu apply` can), each titled and
-    each change worded."""
+    each change worded; `plan`: the plan for `state`, where the caller built it already."""
     state = state or source.state()
-    pending = source.pending(state)
+    pending = source.pending(state, plan)
     groups = [(title, [change_text(item.change, state.devices_created) for item in pending if item.needs_restart is restart])
               for restart, title in PENDING_TITLES.items()]
     return [(title, items) for title, items in groups if items]
@@ -288,6 +305,8 @@ class StatusSnapshot(NamedTuple):
     notes: tuple[str, ...]
     frameworks: tuple[tuple[str, str], ...] = ()
     """A (label, line) per other framework imported or told something (`framework_rows`)."""
+    kept: tuple[str, ...] | None = None
+    """The policy kept for this kernel's next start, as phrases (`jupyter.kept`); None: nothing kept."""
 
     @property
     def locked(self) -> bool:
@@ -296,24 +315,65 @@ class StatusSnapshot(NamedTuple):
 
 
 def snapshot(source: Controller) -> StatusSnapshot:
-    """Read what the status shows from `source`, TensorFlow's state once."""
+    """Read what the status shows from `source`, TensorFlow's state once and the plan once."""
     state = source.state()
+    plan = source.plan(state)
     environment = source.environment()
     inventory = source.inventory()
+    grant = source.grant()
     recorded = source.recorded(state)
     return StatusSnapshot(
         state=state,
         policy=tuple(describe_policy(source.policy, gpu_names_of(inventory))),
         environment=tuple(environment.items()),
         cuda_visible=tuple(describe_cuda_visible(environment.get(CUDA_VISIBLE_DEVICES), inventory,
-                                                 environment.get(CUDA_DEVICE_ORDER))),
+                                                 environment.get(CUDA_DEVICE_ORDER), source.environ))
+        + tuple(granted_by(grant)),
         inventory=inventory,
-        grant=source.grant(),
+        grant=grant,
         recorded=None if recorded is None else tuple(recorded_lines(recorded)),
-        pending=tuple((title, tuple(items)) for title, items in pending_lines(source, state)),
-        notes=tuple(source.plan(state).notes),
-        frameworks=tuple(framework_rows(source.other_frameworks(), source.policy.growth is True)),
+        pending=tuple((title, tuple(items)) for title, items in pending_lines(source, state, plan)),
+        notes=tuple(map(note_text, plan.notes)) + notebook_notes(source),
+        frameworks=tuple(framework_rows(source.other_frameworks(plan), source.policy.growth is True)),
+        kept=kept_phrases(gpu_names_of(inventory)),
     )
+
+
+def kept_phrases(gpu_names: dict[str, str]) -> tuple[str, ...] | None:
+    """The policy kept for this kernel's next start (`jupyter.kept`) as phrases; None: nothing kept."""
+    from ..jupyter.kept import kept_policy
+
+    kept = kept_policy(current_shell())
+    return None if kept is None else tuple(describe_policy(kept, gpu_names))
+
+
+NOTEBOOK_DIFFERS = ("this notebook's saved policy differs: saved: {saved}; this kernel: {kernel} "
+                    "(Save GPU Policy to Notebook Metadata saves the kernel's)")
+"""The one line where the policy in the notebook's `metadata.tfgpu.policy` is not the kernel's."""
+
+
+def notebook_notes(source: Controller) -> tuple[str, ...]:
+    """`NOTEBOOK_DIFFERS` where this kernel's notebook (`JPY_SESSION_NAME`) saved another policy; read
+    only as a status or panel is shown."""
+    import os
+
+    from ..jupyter.notebook_request import saved_difference
+
+    try:
+        cwd = os.getcwd()
+    except OSError:  # the kernel's folder was removed
+        cwd = None
+    difference = saved_difference(source.policy, source.environ, cwd)
+    if difference is None:
+        return ()
+    saved, kernel = (", ".join(lines) or "none (TensorFlow defaults)" for lines in difference)
+    return (NOTEBOOK_DIFFERS.format(saved=saved, kernel=kernel),)
+
+
+def kept_text(kept: tuple[str, ...]) -> str:
+    """The status's one line on a kept policy: what the kernel's next start applies, until it changes."""
+    return (f"{'; '.join(kept) or 'none (TensorFlow defaults)'}, for this kernel's next start "
+            "(a policy change before it voids this)")
 
 
 FRAMEWORK_LABELS = {"jax": "JAX", "torch": "PyTorch", "keras": "Keras"}
@@ -361,6 +421,8 @@ def status_text(snap: StatusSnapshot) -> str:
     lines = [row("TensorFlow", initcell.label(snap.state.label))]
     lines += [row(label, line) for label, line in snap.frameworks]
     lines.append(row("Policy", list(snap.policy) or "none (TensorFlow defaults)"))
+    if snap.kept is not None:
+        lines.append(row("Kept", kept_text(snap.kept)))
     env = [shown_variable(name, value) for name, value in snap.environment]
     lines.append(row("Variables", env or "none set", ", "))
     lines += [fit(line) for line in snap.cuda_visible]
@@ -380,10 +442,11 @@ def describe_status(source: Controller) -> str:
     return status_text(snapshot(source))
 
 
-def describe_cuda_visible(raw: str | None, inventory: Inventory, order: str | None = None) -> list[str]:
+def describe_cuda_visible(raw: str | None, inventory: Inventory, order: str | None = None,
+                          environ: Mapping[str, str] | None = None) -> list[str]:
     """`CUDA_VISIBLE_DEVICES` resolved the way CUDA reads it (nothing when unset): each entry by the
     nvidia-smi index of its card, where `gpus.cudaenv.grant_of` can place it under `order`
-    (`CUDA_DEVICE_ORDER`)."""
+    (`CUDA_DEVICE_ORDER`) and the process's `environ` (a Slurm job's record)."""
     if raw is None:
         return []
     parsed = parse_cuda_visible(raw, inventory.known_refs())
@@ -393,13 +456,45 @@ def describe_cuda_visible(raw: str | None, inventory: Inventory, order: str | No
         where = f" (CUDA stops at {stopped})" if stopped else ""
         return [f"CUDA_VISIBLE_DEVICES={value} hides every GPU{where}"]
     stop = f"; CUDA stops at {stopped} and ignores the rest" if stopped else ""
-    grant = grant_of(raw, order, inventory)
+    grant = grant_of(raw, order, inventory, environ)
     shown = ", ".join(str(card) if card is not None else short_uuid(entry)
                       for entry, card in zip(parsed.entries[:16], grant.cards))
     if len(parsed.entries) > 16:  # never a huge line, whatever the environment holds
         shown += f", … ({len(parsed.entries):,} in all)"
     order = " in CUDA's default order (fastest first), not nvidia-smi's" if None in grant.pins else ""
     return [f"CUDA_VISIBLE_DEVICES={value} → CUDA uses GPU {shown}{order}{stop}"]
+
+
+def grant_source(grant: Grant) -> str:
+    """What gave the grant, for a line that names it: `Slurm job 1234, gres gpu:2`, else the setting
+    (`CUDA_VISIBLE_DEVICES=2`)."""
+    if grant.source is None:
+        return grant.setting()
+    job = f"Slurm job {grant.source.job_id}" if grant.source.job_id else "a Slurm job"
+    return f"{job}, gres gpu:{len(grant.source.gpus)}"
+
+
+def granted_by(grant: Grant) -> list[str]:
+    """`Granted by Slurm job 1234, gres gpu:2: GPU 1, 3 (nvidia-smi numbering)`, and, where CUDA's order
+    among them cannot be told, what still works; nothing without a scheduler's record."""
+    if grant.source is None or grant.card_set is None:
+        return []
+    cards = ", ".join(str(card) for card in grant.card_set)
+    line = f"Granted by {grant_source(grant)}: GPU {cards} (nvidia-smi numbering)"
+    if grant.placed:
+        return [line]
+    return [line + "; CUDA's order among them is unknown: `visible auto` picks among them by UUID, an index "
+            "is refused"]
+
+
+def no_gpu_reason(why: NoGpu | None) -> str:
+    """The one line on why there is no GPU to list (`Controller.gpus`); '' where there are GPUs."""
+    if why is None:
+        return ""
+    nvml = why.nvml or "NVML sees none"
+    if why.tensorflow_lists_none:
+        return f"No GPU: TensorFlow lists none, and {nvml}. `%tfgpu doctor` says why."
+    return f"No GPU found: {nvml}. `%tfgpu doctor` says why."
 
 
 def no_gpus_text(inventory: Inventory) -> str | None:
@@ -415,7 +510,7 @@ def outside_grant(gpu: Gpu, grant: Grant) -> str | None:
     does not give (only where every entry of the grant is placed); None for a card it may use."""
     if grant.gives(gpu.index):
         return None
-    return f"not this kernel's to take: outside its grant ({grant.setting()})"
+    return f"not this kernel's to take: outside its grant ({grant_source(grant)})"
 
 
 def describe_gpus(inventory: Inventory, grant: Grant = Grant(None)) -> list[str]:

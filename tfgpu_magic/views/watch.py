@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..errors import PolicyError
 from ..gpus.inventory import MIB, Inventory, read_inventory, self_mib
 from ..language.sizes import bytes_text
-from ..tf.memory import MemoryAPI, TensorFlowMemory, memory_rows, peaks_per_cell
+from ..tf.memory import MemoryAPI, TensorFlowMemory, memory_rows, peaks_per_cell, tensor_figures
+from ..tf.memory import with_tensor_figures  # noqa: F401 (the panel's live refresh reads it here)
 
 if TYPE_CHECKING:
     from ..controller import Controller
@@ -73,10 +74,9 @@ class Watch:
         held = {gpu.ref: self_mib(gpu) for gpu in inventory.gpus}
         figures = {}
         for lane in lanes:
-            stats = [s for s in (self.api.info(device) for device in lane.devices) if s is not None]
+            tensors, peak = tensor_figures(self.api, lane.devices) or (0, 0)
             mine = held.get(lane.ref or "")
-            figures[lane.label] = Figures(sum(s[0] for s in stats), sum(s[1] for s in stats),
-                                          None if mine is None else mine * MIB)
+            figures[lane.label] = Figures(tensors, peak, None if mine is None else mine * MIB)
         return figures
 
     def pre(self, info: Any = None) -> None:

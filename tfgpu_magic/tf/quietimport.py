@@ -1,6 +1,7 @@
-"""Run a callback right after `import tensorflow` finishes, before the importing code goes on
-(`importhooks`, which serves every framework: this works with the import and the first op in one cell,
-and when TensorFlow is pulled in by `import keras` or a submodule import), and make that import quiet.
+"""TensorFlow's quiet import: its import with the stderr lines below the policy's log level dropped, and
+the callback run right after it finishes, before the importing code goes on (`importhooks`, which serves
+every framework: this works with the import and the first op in one cell, and when TensorFlow is pulled
+in by `import keras` or a submodule import).
 
 With a quiet level (`quiet("error")`) the import's own stderr lines below that level are dropped:
 TensorFlow's C++ libraries print some (the absl preamble, the oneDNN notice) before
