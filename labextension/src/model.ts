@@ -157,21 +157,31 @@ export class GpuModel extends VDomModel {
   /** The kernels of this server on the cards last seen (their charts), at most `KEPT_KERNELS`. */
   private _cardKernels(): string[] {
     const ids = (this._gpus?.reply.gpus ?? []).flatMap(gpu => gpu.processes.map(proc => proc.kernel?.kernel_id ?? null));
-    return [...new Set(ids.filter((id): id is string => id !== null))].slice(0, KEPT_KERNELS);
+    return [...new Set(ids.filter((id): id is string => id !== null))];
   }
 
   /** Send the requests `demand` names (with the cards, their kernels too, unless this is a `probe` while
    * failing: one request), keep what comes; throw the first failure, after recording it. */
   private async _ask(demand: IDemand, probe = false): Promise<void> {
     const kernelId = demand.kernelId;
-    const others = demand.gpus && !probe ? this._cardKernels() : [];
-    const kernels = [...new Set([...(kernelId !== null ? [kernelId] : []), ...others])];
+    // the notebook's own kernel first, and room for it among the kept replies
+    const others = demand.gpus && !probe ? this._cardKernels().filter(id => id !== kernelId) : [];
+    const kernels = [...(kernelId !== null ? [kernelId] : []), ...others.slice(0, KEPT_KERNELS - 1)];
     const unknown: string[] = [];
     const asks: Promise<void>[] = kernels.map(id =>
       getKernel(id, this.history(id)?.nextSince ?? null).then(
         reply => this._keepKernel(id, { reply, at: Date.now() }),
         (reason: unknown) => {
-          if (reason instanceof RequestFailure && reason.kind === 'unknown-kernel') {
+          const gone = reason instanceof RequestFailure && reason.kind === 'unknown-kernel';
+          if (id !== kernelId) {
+            // another kernel's chart: one that ended is forgotten, and no failure of it fails the views
+            if (gone) {
+              this._kernels.delete(id);
+              this._histories.delete(id);
+            }
+            return;
+          }
+          if (gone) {
             unknown.push(id);
           }
           throw reason;

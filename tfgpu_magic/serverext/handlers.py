@@ -163,7 +163,8 @@ class Readings:
 
     async def _read_machine(self) -> Machine:
         inventory: Inventory = await in_daemon_thread(read_inventory)
-        return Machine(inventory, host_pids=processes.foreign_pid_namespace() is True, grant=server_grant(inventory))
+        grant = await in_daemon_thread(server_grant, inventory)  # it may ask the CUDA driver in a child process
+        return Machine(inventory, host_pids=processes.foreign_pid_namespace() is True, grant=grant)
 
     async def _read_kernels(self) -> dict[str, KernelProcess]:
         manager = self.serverapp.kernel_manager
@@ -286,7 +287,8 @@ class TFGPUHandler(APIHandler):
         given = self.request.headers.get(kernelstate.contract()["x-version-header"])
         ours = kernelstate.schema_version()
         if given is not None and given.strip() != str(ours):
-            client = int(given) if given.strip().isdigit() else None
+            said = given.strip()
+            client = int(said) if said.isascii() and said.isdigit() and len(said) <= 9 else None  # "²" is a digit too
             raise ReplyError(409, VERSION_MISMATCH, f"the client speaks version {given[:20]!r} of tfgpu_magic's "
                              f"schema, this server {ours}", server_version=ours, client_version=client)
 
