@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+DOCS_STAMP := $(VENV)/.docs-stamp
+DOCS_OUT := build/docs/html
 # Test files run in parallel, each file whole in one worker (its servers, kernels and clusters are shared by its
 # tests): most of the suite waits on kernels, servers and browsers rather than on the 2 cores it was sized for.
 TEST_WORKERS ?= 3
@@ -51,7 +53,7 @@ $(LABEXT_NPM): labextension/package.json labextension/package-lock.json
 	cd labextension && npm install --prefer-offline --no-save
 	touch $(LABEXT_NPM)
 
-test: $(STAMP) $(LABEXT_BUILT) $(LABEXT_NPM)  ## set up and run the whole test suite: the labextension's jest tests, then pytest
+test: $(STAMP) $(DOCS_STAMP) $(LABEXT_BUILT) $(LABEXT_NPM)  ## set up and run the whole test suite (the docs extra too: tests/test_docs.py builds the site): the labextension's jest tests, then pytest
 	cd labextension && npm test
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=10
 
@@ -73,9 +75,6 @@ screenshots: $(STAMP) $(LABEXT_BUILT)  ## refresh the screenshots in docs/ (test
 # The documentation site: docs/*.md through Sphinx and MyST into $(DOCS_OUT), with the docs extra installed into
 # the venv (the venv is made here when `make docs` comes first). Warnings are errors, and every page is read
 # again each time (-E), so a warning on a page that did not change still fails the build.
-DOCS_STAMP := $(VENV)/.docs-stamp
-DOCS_OUT := build/docs/html
-
 $(DOCS_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -e ".[docs]"

@@ -211,7 +211,7 @@ class FakeTorch:
     def _driver_ids(self) -> list[int]:
         """The machine's GPUs CUDA enumerates, fixed at the process's first cuInit (FakeTF's when shared)."""
         if self.tf is not None:
-            self.tf.start_cuda(by="PyTorch")
+            self.tf.start_cuda()  # libcuda loads, whichever library starts CUDA
             return list(self.tf.cuda_ids)
         if self._cuda_ids is None:
             self._cuda_ids = cuda_visible_ids(self.environ.get("CUDA_VISIBLE_DEVICES"), self.uuids)

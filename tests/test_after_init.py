@@ -27,7 +27,7 @@ from kernels import isolated_env, quiet_env, tensorflow_stays_out_of_pytest  # n
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog, Nvml, read_inventory
 from tfgpu_magic.tf import quietimport
-from tfgpu_magic.tf.runtime import NO_GPU
+from tfgpu_magic.views.notes import NO_GPU
 from tfgpu_magic.views.magics import TFGPUMagics
 from tfgpu_magic.views.results import RestartOffer, StatusResult
 from tfgpu_magic.views.status import RECORDED, TERMINAL_RESTART_HINT, WIDTH, snapshot

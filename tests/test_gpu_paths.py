@@ -24,6 +24,7 @@ from tfgpu_magic.plan import Plan
 from tfgpu_magic.tf.apply import ApplyReport, Change, Refusal, apply_plan
 from tfgpu_magic.tf.runtime import where
 from tfgpu_magic.views.status import note_text
+from tfgpu_magic.views.tfstate import state_text as status_state_text
 
 GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"
 STARTS = ("before import", "imported", "devices listed")
@@ -381,7 +382,7 @@ def test_different_policy_after_init_is_locked_and_changes_nothing(change: str) 
     text = status.describe_report(report)
     assert status.RESTART_HINT in text and all(item in text for item in worded(report.locked))
     state_text = status.describe_status(ctl)
-    assert fake.state().label in state_text
+    assert status_state_text(fake.state()) in state_text
     assert all(item in state_text for item in worded(report.locked))  # the variables too: message and status agree
 
 
@@ -501,7 +502,7 @@ def test_device_lib_gets_the_policy_and_the_state_says_devices_exist() -> None:
     devices = fake.device_lib.list_local_devices()
     assert [(d.name, d.memory_limit) for d in devices if d.device_type == "GPU"] == [("/device:GPU:0", 2048),
                                                                                       ("/device:GPU:1", 0)]
-    label = ctl.state().label
+    label = status_state_text(ctl.state())
     assert label.startswith(f"GPU devices created by `device_lib.list_local_devices()` {where()}")
     assert "memory settings are fixed until restart" in label
     assert gpus_in_force(fake.initialize()) == [(0, False, (2048,)), (1, False, None)]
@@ -666,8 +667,8 @@ def test_cuda_started_by_another_library_freezes_cuda_variables() -> None:
     goes through tf.config.set_visible_devices, CUDA_* stay untouched, the state says why."""
     env: dict = {}
     fake, ctl = session(3, "imported", env)
-    fake.start_cuda(by="libcuda is loaded in this process")
-    assert "CUDA_* changes no longer take effect" in ctl.state().label
+    fake.start_cuda()
+    assert "CUDA_* changes no longer take effect" in status_state_text(ctl.state())
     [report] = run_cell(fake, ctl, "visible 1")
     assert "CUDA_VISIBLE_DEVICES" not in env and "CUDA_DEVICE_ORDER" not in env
     assert setters(fake, "set_visible") == [("set_visible", ["GPU:1"], "GPU")]
@@ -677,9 +678,10 @@ def test_cuda_started_by_another_library_freezes_cuda_variables() -> None:
 def test_cuda_variables_locked_once_cuda_started_elsewhere_before_import() -> None:
     """GPU-only, decided by the fake: before TF is imported, the label says CUDA_* no longer take effect."""
     fake, ctl = session(2, "before import")
-    fake.start_cuda(by="libcuda is loaded in this process")
-    assert ctl.state().label == ("not imported, but CUDA already started (libcuda is loaded in this process): "
-                                 "CUDA_* changes no longer take effect")
+    fake.start_cuda()
+    assert status_state_text(ctl.state()) == (
+        "not imported, but CUDA already started (libcuda is loaded in this process): "
+        "CUDA_* changes no longer take effect")
 
 
 def test_users_own_logical_config_with_priority_is_not_identical() -> None:
@@ -734,7 +736,7 @@ def test_locked_allocator_variables_agree_between_message_and_status() -> None:
 
 
 @pytest.mark.parametrize(("maps", "says"), [
-    ("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libcuda.so.560.35.03\n", "libcuda is loaded in this process"),
+    ("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libcuda.so.560.35.03\n", "libcuda"),
     ("7f00-7f01 r-xp 0 08:01 1 /usr/lib/libcudart.so.12\n7f02-7f03 r-xp 0 08:01 2 /usr/lib/libc.so.6\n", None),
     (None, None),
 ])
@@ -794,11 +796,12 @@ setup = '''
 from fake_tf import FakeTF
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import Inventory, InventoryCatalog
+from tfgpu_magic.views.tfstate import state_text
 fake = FakeTF(1)
 ctl = Controller(api=fake, environ={}, catalog=InventoryCatalog(Inventory()))
 ctl.apply()
 '''
-for cell in [setup, "x = 1", "fake.device_lib.list_local_devices()", "label = ctl.state().label"]:
+for cell in [setup, "x = 1", "fake.device_lib.list_local_devices()", "label = state_text(ctl.state())"]:
     assert shell.run_cell(cell, store_history=True).success
 print("LABEL " + shell.user_ns["label"])
 """

@@ -30,6 +30,7 @@ from tfgpu_magic.plan import build_plan, tf_index
 from tfgpu_magic.language.policy import Policy
 from tfgpu_magic.views.status import describe_gpus, describe_policy, describe_status, item_text
 from tfgpu_magic.views.status import note_text
+from tfgpu_magic.views.tfstate import state_text
 
 pynvml = importlib.import_module("pynvml") if importlib.util.find_spec("pynvml") else None
 needs_pynvml = pytest.mark.skipif(pynvml is None, reason="compares the fake with nvidia-ml-py, which is not installed")
@@ -598,7 +599,7 @@ def test_this_process_on_a_gpu_means_cuda_variables_are_too_late(catalog: Invent
 
     ctl = Controller(api=FakeTF(4), environ={}, catalog=catalog)
     ctl.policy = Policy(growth=True)  # any GPU setting: CUDA_DEVICE_ORDER would be wanted
-    label = ctl.state().label
+    label = state_text(ctl.state())
     assert "CUDA_* changes no longer take effect" in label and "NVML lists this process on a GPU" in label
     report = edit(ctl, "visible 0,2")
     assert ctl.environ == {} and report.locked == []

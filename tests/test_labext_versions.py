@@ -1,12 +1,13 @@
 """A browser and a server extension of different versions of the contract (the schema's version,
-tfgpu_magic/jupyter/tfgpu-state.schema.json `$id`) say which one is older, in one line in the sidebar, in
+tfgpu_magic/jupyter/tfgpu-state.schema.json `$defs/version`) say which one is older, in one line in the sidebar, in
 words.ts's words, instead of misreading each other's replies.
 
 One JupyterLab without cards (test_labextension.py's `no_card_lab`) and one page on its sidebar: the page
 sends its version with every request (`x-version-header`) and the real server, of the same version, answers.
-Then Playwright answers the page's requests as servers of other versions would: an older one (no version
-check of its own) with a reply of the previous `format`; a newer one with the 409 `version_mismatch` body
-the handlers send (tests/test_serverext.py checks that the real handlers send it).
+Then Playwright answers the page's requests as servers of other versions would: version 3 (no version
+check of its own) with a reply as it wrote them, its version ending its `format`, no `version`; an older
+server of the `version` field; a newer one with the 409 `version_mismatch` body the handlers send
+(tests/test_serverext.py checks that the real handlers send it).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from test_labextension import no_card_lab, sidebar_open, tfgpu_requests_answered
 from test_serverext import conforms
 
 from tfgpu_magic.jupyter import kernelstate
-from tfgpu_magic.serverext.gather import GPUS_FORMAT
+from tfgpu_magic.serverext.gather import GPUS_STAMP
 
 pytestmark = pytest.mark.kernel
 
@@ -30,10 +31,18 @@ SERVER_OLDER = "The tfgpu_magic server extension is older than this page's exten
 BROWSER_OLDER = "This page's tfgpu_magic extension is older than the server extension"
 
 
+NO_CARDS = {"gpus": [], "gpu_status": {"error": None, "stale_seconds": None, "host_pids": False}}
+
+
+def version_3_gpus_reply(route: Any) -> None:
+    """What a server of version 3 answers: its version at the end of its `format`, no `version`."""
+    body = {"format": f"{GPUS_STAMP['format']}/3", **NO_CARDS}
+    route.fulfill(status=200, content_type="application/json", body=json.dumps(body))
+
+
 def older_gpus_reply(route: Any) -> None:
-    """What a server of the previous version answers: its own `format`."""
-    body = {"format": GPUS_FORMAT.rsplit("/", 1)[0] + f"/{VERSION - 1}", "gpus": [],
-            "gpu_status": {"error": None, "stale_seconds": None, "host_pids": False}}
+    """What a server of the previous version answers, where that one had a `version` (no check of its own)."""
+    body = {**GPUS_STAMP, "version": VERSION - 1, **NO_CARDS}
     route.fulfill(status=200, content_type="application/json", body=json.dumps(body))
 
 
@@ -56,7 +65,8 @@ def test_a_browser_and_a_server_of_different_versions_say_which_is_older(
         page.sidebar_says("NVML lists no GPU on this machine.")  # the real server, of the same version: answered
         assert sent and set(sent) == {str(VERSION)}
         assert page.sidebar.locator(".tfgpu-problem-failure-server-older, .tfgpu-problem-failure-browser-older").count() == 0
-        for handler, words in ((older_gpus_reply, SERVER_OLDER), (newer_server_refusal, BROWSER_OLDER)):
+        for handler, words in ((version_3_gpus_reply, SERVER_OLDER), (newer_server_refusal, BROWSER_OLDER),
+                               (older_gpus_reply, SERVER_OLDER)):
             with tfgpu_requests_answered(page, handler):
                 page.page.evaluate("() => { window.jupyterapp.shell.collapseRight(); }")
                 page.open_sidebar()  # asks again now

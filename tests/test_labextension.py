@@ -47,7 +47,7 @@ from tfgpu_magic.language.directives import describe_policy
 from tfgpu_magic.language.policy import Policy
 from tfgpu_magic.language.sizes import MIB, bytes_text, gib_pair
 from tfgpu_magic.language.words import ALL_GPUS
-from tfgpu_magic.serverext.gather import GPUS_FORMAT, KERNEL_FORMAT
+from tfgpu_magic.serverext.gather import GPUS_STAMP, KERNEL_STAMP
 from tfgpu_magic.serverext.history import SAMPLE_SECONDS, empty_reply
 
 pytestmark = pytest.mark.kernel
@@ -749,7 +749,7 @@ WORDED_POLICY = Policy(
 def worded_kernel_reply(kernel_id: str, pid: int) -> dict[str, Any]:
     """`$defs/kernelReply` for `WORDED_POLICY`, TensorFlow initialized by cell 7, two pending changes."""
     return conforms({
-        "format": KERNEL_FORMAT,
+        **KERNEL_STAMP,
         "kernel": {"kernel_id": kernel_id, "notebook": SLEEPER, "execution_state": "idle", "idle_seconds": 5.0,
                    "tensorflow": "initialized"},
         "pid": pid, "published": True, "policy": policy_record(WORDED_POLICY),
@@ -931,11 +931,11 @@ def card(index: int, **fields: Any) -> dict[str, Any]:
 
 
 STATES_THIS_MACHINE_CANNOT_MAKE = {
-    "nvml_missing": {"format": GPUS_FORMAT, "gpus": [],
+    "nvml_missing": {**GPUS_STAMP, "gpus": [],
                      "gpu_status": {"error": {"code": "nvml_missing", "message": "no pynvml"},
                                     "stale_seconds": None, "host_pids": False}},
     "driver_not_answering": {
-        "format": GPUS_FORMAT,
+        **GPUS_STAMP,
         "gpus": [card(0), card(1, granted=False, processes=[
             {"pid": 31337, "gpu_memory": 3 * GIB * MIB, "memory_source": "tensorflow", "mine": True, "user": "me",
              "kernel": {"kernel_id": "k1", "notebook": "train.ipynb", "execution_state": "busy", "idle_seconds": 0,

@@ -72,7 +72,7 @@ def test_every_variable_has_a_reader_a_moment_and_a_meaning():
     (RuntimeState(imported=True), {TF_CPP_MIN_LOG_LEVEL}),
     (RuntimeState(imported=True, devices_listed=True), {TF_CPP_MIN_LOG_LEVEL, "CUDA_DEVICE_ORDER",
                                                         "CUDA_VISIBLE_DEVICES"}),
-    (RuntimeState(cuda_elsewhere="libcuda is loaded"), {"CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES"}),
+    (RuntimeState(cuda_elsewhere="libcuda"), {"CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES"}),
     (RuntimeState(imported=True, devices_listed=True, initialized=True),
      {TF_CPP_MIN_LOG_LEVEL, "CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "TF_GPU_ALLOCATOR", "TF_FORCE_GPU_ALLOW_GROWTH"}),
     (RuntimeState(jax_started=True),

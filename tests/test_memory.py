@@ -344,6 +344,11 @@ def test_tensorflows_import_starts_the_record_and_the_oom_note_then_calls_the_pe
         assert getattr(ipshell, "_tfgpu_oom_hook").peak_from_cell() is True
         cellmemory.recorder(ipshell).stop()
         assert getattr(ipshell, "_tfgpu_oom_hook").peak_from_cell() is False
+        cellmemory.peaks_per_cell(ipshell, True)  # `%tfgpu watch on` resets them where the recorder stopped
+        assert getattr(ipshell, "_tfgpu_oom_hook").peak_from_cell() is True
+        cellmemory.peaks_per_cell(ipshell, False)
+        recording_with(ipshell, mem)  # another recorder on the shell: the hook reads the one there now
+        assert getattr(ipshell, "_tfgpu_oom_hook").peak_from_cell() is True
     finally:
         oom.uninstall(ipshell)
         watch = getattr(ipshell, "_tfgpu_init_watch", None)

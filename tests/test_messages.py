@@ -27,7 +27,7 @@ from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import InventoryCatalog, Nvml, read_inventory
 from tfgpu_magic.tf import quietimport
 from tfgpu_magic.envvars import NAMES as OUR_ENV
-from tfgpu_magic.tf.runtime import NO_GPU
+from tfgpu_magic.views.notes import NO_GPU
 from tfgpu_magic.views.magics import TFGPUMagics
 from tfgpu_magic.views.status import TERMINAL_RESTART_HINT
 

@@ -278,6 +278,29 @@ def test_the_status_and_the_panel_say_when_the_notebooks_saved_policy_differs(tm
         panel.close()
 
 
+def test_an_unchanged_notebook_is_read_and_parsed_once_across_statuses(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each status asks `saved_difference`; while the notebook's `stat` is unchanged its saved policy is neither
+    read nor parsed again (parses counted at `apply_lines`, reads at `read_request`); a change is read anew."""
+    from tfgpu_magic.jupyter import notebook_request
+
+    path = _notebook(tmp_path / "nb.ipynb", {"tfgpu": {"policy": ["visible auto:1", "growth on"]}})
+    env = {SESSION_NAME_ENV: str(path)}
+    calls: list[str] = []
+    parse, read = notebook_request.apply_lines, notebook_request.read_request
+    monkeypatch.setattr(notebook_request, "apply_lines", lambda *args: calls.append("parse") or parse(*args))
+    monkeypatch.setattr(notebook_request, "read_request", lambda *args: calls.append("read") or read(*args))
+    differs = (("visible auto:1", "growth on"), ("growth on",))
+    assert notebook_request.saved_difference(Policy(growth=True), env, None) == differs
+    assert calls and calls[0] == "read"
+    calls.clear()
+    assert notebook_request.saved_difference(Policy(growth=True), env, None) == differs
+    assert notebook_request.saved_difference(Policy(), env, None) == (differs[0], ())
+    assert calls == []
+    os.utime(path, ns=(1, 1))  # another stat: read and parsed again
+    assert notebook_request.saved_difference(Policy(growth=True), env, None) == differs and "read" in calls
+
+
 @pytest.mark.parametrize("metadata", [{}, {"accelerator": "GPU"}, {"tfgpu": {"policy": "growth on"}}])
 def test_no_saved_policy_or_one_that_cannot_be_read_says_nothing_in_the_status(tmp_path: Path, metadata: Any) -> None:
     """A notebook without a tfgpu policy saves nothing to differ from; a refused one was named at launch."""

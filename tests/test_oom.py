@@ -30,6 +30,7 @@ from tfgpu_magic.tf import quietimport, initcell, oom
 from tfgpu_magic.tf.oom import parse_oom
 from tfgpu_magic.tf.runtime import RuntimeState
 from tfgpu_magic.views import oom as oom_view
+from tfgpu_magic.views.tfstate import OUTSIDE, init_text, state_text
 
 GPU_OOM = ("OOM when allocating tensor with shape[8192,1024,1024] and type float on "
            "/job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc")
@@ -360,14 +361,14 @@ def test_the_initializing_cell_is_named_and_the_hooks_leave(fresh_record) -> Non
     watch = initcell.watch_initialization(shell, lambda: state["initialized"])
     assert watch is not None and len(shell.events.callbacks["post_run_cell"]) == 1
     watch.post(SimpleNamespace(execution_count=2, info=SimpleNamespace(raw_cell="x = 1\n")))
-    assert initcell.initialized_by() is None
+    assert initcell.initialized_record() is None
     watch.pre()
     state["initialized"] = True
     cell = "\n  model.fit(x_train, y_train, epochs=10, batch_size=128)\nmore\n"
     watch.post(SimpleNamespace(execution_count=7, info=SimpleNamespace(raw_cell=cell)))
-    assert initcell.initialized_by() == "by In [7]: `model.fit(x_train, y_train, ...`"
+    assert init_text(initcell.initialized_record()) == "by In [7]: `model.fit(x_train, y_train, ...`"
     assert shell.events.callbacks == {"pre_run_cell": [], "post_run_cell": []}
-    assert initcell.label(RuntimeState(imported=True, initialized=True).label) == (
+    assert state_text(RuntimeState(imported=True, initialized=True), initcell.initialized_record()) == (
         "initialized by In [7]: `model.fit(x_train, y_train, ...`: device settings are locked until restart")
 
 
@@ -377,7 +378,7 @@ def test_initialized_outside_a_cell_says_what_is_known(fresh_record) -> None:
     watch = initcell.watch_initialization(shell, lambda: state["initialized"])
     state["initialized"] = True  # e.g. a startup file, or a variable inspector's silent request
     watch.pre()
-    assert initcell.initialized_by() == initcell.OUTSIDE + ", before In [3]"
+    assert init_text(initcell.initialized_record()) == OUTSIDE + ", before In [3]"
     assert shell.events.callbacks == {"pre_run_cell": [], "post_run_cell": []}
 
 
@@ -386,7 +387,7 @@ def test_no_shell_or_already_initialized_registers_nothing(fresh_record) -> None
     shell = SimpleNamespace(events=FakeEvents())
     assert initcell.watch_initialization(shell, lambda: True) is None
     assert shell.events.callbacks == {"pre_run_cell": [], "post_run_cell": []}
-    assert initcell.initialized_by().startswith("before tfgpu_magic could watch")
+    assert init_text(initcell.initialized_record()).startswith("before tfgpu_magic could watch")
 
 
 # ----- the whole story in one real kernel (real TensorFlow, CPU build) ----------------------------
@@ -433,9 +434,9 @@ def tf_kernel() -> Iterator[Kernel]:
 def test_a_real_oom_explains_itself_and_lets_go(tf_kernel: Kernel) -> None:
     """The traceback is IPython's own (ename, the failing frame), the explanation follows it on
     stderr, and the tensor only `step`'s frame held is dead by the next cell; `%tb` still works."""
-    assert tf_kernel.evaluate("initcell.initialized_by()") is None  # imported, not initialized yet
+    assert tf_kernel.evaluate("initcell.initialized_record()") is None  # imported, not initialized yet
     tf_kernel.ok("x = tf.constant(1)  # the first op")
-    assert tf_kernel.evaluate("initcell.initialized_by()") == "by In [3]: `x = tf.constant(1)  # the first op`"
+    assert tf_kernel.evaluate("tuple(initcell.initialized_record())") == ("cell", 3, "x = tf.constant(1)  # the first op")
     # the pair left once the cell was known: the OOM hook and the publisher's cell marks and look remain
     assert tf_kernel.evaluate(f"len({OURS})") == 3
     result = tf_kernel.run(REAL_OOM, timeout=180)

@@ -1,6 +1,8 @@
 """One plan per call: a `%tfgpu` status on a real IPython shell builds this process's plan once and hands
-it down (the pending changes, the notes and the frameworks' rows read that one); the fresh process's plan
-(what an import will bring) is built only where JAX or PyTorch is installed and not imported yet."""
+it down (the pending changes, the notes and the frameworks' rows read that one), whether or not JAX and
+PyTorch are installed: what their import will bring is worked out in that same plan (`Plan.at_import`),
+and a variable restore that comes too late is checked against the `CUDA_*` variables a fresh process
+would get (`plan.cuda_env`), not against a second plan."""
 
 from __future__ import annotations
 
@@ -14,7 +16,10 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import tfgpu_magic.controller as controller_module
 from tfgpu_magic.controller import Controller
+from tfgpu_magic.envvars import told_to
 from tfgpu_magic.gpus.inventory import Gpu, Inventory, InventoryCatalog
+from tfgpu_magic.language.policy import ALL_GPUS, Policy
+from tfgpu_magic.plan import AtImport
 from tfgpu_magic.tf import quietimport
 from tfgpu_magic.views.magics import TFGPUMagics
 
@@ -73,27 +78,63 @@ def status(shell: InteractiveShell, counts: dict[str, int]) -> str:
     return out.getvalue()
 
 
+INSTALLED = {"TensorFlow alone": {}, "JAX": {"jax_installed": True}, "PyTorch": {"torch_installed": True},
+             "JAX and PyTorch": {"jax_installed": True, "torch_installed": True}}
+"""Which of JAX and PyTorch count as installed (and not imported: neither is imported by these tests)."""
+ROWS = {"jax_installed": "JAX:", "torch_installed": "PyTorch:"}
+
+
+@pytest.mark.parametrize("installed", INSTALLED)
 @pytest.mark.parametrize("start", STARTS)
-def test_a_status_builds_this_processs_plan_once(shell, magic, plans, tensorflow_alone, start) -> None:
+def test_a_status_builds_one_plan(shell, magic, plans, installed_frameworks, start, installed) -> None:
+    """One `build_plan` per status in every start state, JAX and PyTorch installed or not; the rows of
+    those installed say what their import will bring."""
+    installed_frameworks(**INSTALLED[installed])
     fake, controller = session(start)
     magic(controller)
     text = status(shell, plans)
     assert "Policy:" in text and "limit 2GB" in text
-    assert plans["plan"] == 1, plans
-    # this process's plan, and where a variable restore is too late the fresh one it is checked against
-    assert plans["build_plan"] <= 2, plans
-
-
-def test_the_fresh_plan_is_built_only_for_a_framework_an_import_will_tell(shell, magic, plans,
-                                                                          installed_frameworks) -> None:
-    """TensorFlow alone: the status builds one plan. JAX installed (not imported): one more, for the
-    variables its import will bring, which the status then shows."""
-    installed_frameworks()
-    magic(session("before import")[1])
-    status(shell, plans)
     assert plans == {"plan": 1, "build_plan": 1}
-    installed_frameworks(jax_installed=True)
-    magic(session("before import")[1])
-    text = status(shell, plans)
-    assert plans == {"plan": 1, "build_plan": 2}
-    assert "JAX:" in text and "at its import: " in text
+    for flag, row in ROWS.items():
+        shown = [line for line in text.splitlines() if line.startswith(row)]
+        if INSTALLED[installed].get(flag):
+            assert len(shown) == 1 and "not imported; at its import: " in shown[0], text
+        else:
+            assert shown == [], text
+
+
+@pytest.mark.parametrize("start", STARTS[:2])
+def test_what_an_import_brings_is_what_a_fresh_process_gets(installed_frameworks, start) -> None:
+    """Before CUDA starts, the variables and fractions the one plan works out for JAX's and PyTorch's
+    import are those of a fresh process's plan (built apart, as `%tfgpu export` does), which the status
+    used to build as a second plan."""
+    installed_frameworks(jax_installed=True, torch_installed=True)
+    fake, controller = session(start)
+    controller.policy = Policy(limits=((ALL_GPUS, 2048),), growth=True, allocator="async")
+    plan, fresh = controller.plan(imports=True), controller.fresh_plan()
+    told = set(told_to("jax") + told_to("torch"))  # what the rows show of the plan's variables
+    shown = {name: value for name, value in (*plan.env, *plan.at_import.env) if name in told}
+    assert plan.at_import.env and shown == {name: value for name, value in fresh.env if name in told}, shown
+    assert plan.at_import.torch_fractions == fresh.torch_fractions == tuple((index, 0.125) for index in range(4))
+    assert controller.plan().at_import == AtImport()  # views ask for it: applying plans none of it
+
+
+def test_a_restore_too_late_is_told_without_a_second_plan(shell, magic, plans) -> None:
+    """`visible` set CUDA's variables, then CUDA started: while the policy still wants them nothing waits
+    for a restart (a fresh process gets them again); after `reset` their restore waits for one. Each
+    status builds one plan."""
+    fake, controller = session("imported")
+    magic(controller)
+    with contextlib.redirect_stdout(io.StringIO()):
+        shell.run_line_magic("tfgpu", "visible 0,1")
+    fake.list_devices()
+    for line, waiting in (("growth on", False), ("reset", True)):
+        with contextlib.redirect_stdout(io.StringIO()):
+            shell.run_line_magic("tfgpu", line)
+        plans.update(plan=0, build_plan=0)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            shell.run_line_magic("tfgpu", "")
+        assert plans == {"plan": 1, "build_plan": 1}, line
+        restore = "CUDA_VISIBLE_DEVICES: 0,1 → unset (read when CUDA started)"
+        assert (restore in out.getvalue()) is waiting, out.getvalue()

@@ -286,7 +286,7 @@ def test_keep_stores_the_published_policy_for_the_next_kernel_which_has_it_in_fo
     try:
         notebook.publish("growth on", "limit 2GB", "allocator async")
         wanted = notebook.kernel.evaluate("__import__('tfgpu_magic').current_policy().to_dict()")
-        assert api.keep(notebook.kernel_id) == {"format": gather.KEEP_FORMAT, "kept": True}
+        assert api.keep(notebook.kernel_id) == {**gather.KEEP_STAMP, "kept": True}
         assert persist.pending_path(notebook.kernel_id, runtime).is_file()
         api.call("POST", "api", "kernels", notebook.kernel_id, "restart")
         kernel = await_new_kernel(notebook.kernel, notebook.pid)
@@ -302,7 +302,7 @@ def test_keep_stores_the_published_policy_for_the_next_kernel_which_has_it_in_fo
 def test_keep_without_tfgpu_magic_in_the_kernel_keeps_nothing(api: Api, jp_serverapp: Any, fake_nvml: RecordingNvml) -> None:
     notebook = NotebookKernel(api, jp_serverapp, "plain-keep.ipynb")
     try:
-        assert api.keep(notebook.kernel_id) == {"format": gather.KEEP_FORMAT, "kept": False}
+        assert api.keep(notebook.kernel_id) == {**gather.KEEP_STAMP, "kept": False}
         assert not persist.pending_path(notebook.kernel_id, Path(jp_serverapp.runtime_dir)).exists()
     finally:
         notebook.kernel.close()
@@ -332,7 +332,9 @@ def test_a_client_of_another_schema_version_gets_409_naming_both_and_a_bad_since
         body = api.refused(409, "GET", "api", "tfgpu", "gpus", headers={header: given})
         assert body == {"code": "version_mismatch", "message": body["message"], "server_version": ours,
                         "client_version": client}
-    assert api.call("GET", "api", "tfgpu", "gpus", headers={header: str(ours)})["format"] == gather.GPUS_FORMAT
+    answered = api.call("GET", "api", "tfgpu", "gpus", headers={header: str(ours)})
+    assert {key: answered[key] for key in ("format", "version")} == gather.GPUS_STAMP == {
+        "format": kernelstate.format_of("gpusReply"), "version": ours}
     notebook = NotebookKernel(api, jp_serverapp, "since.ipynb")
     try:
         body = api.refused(400, "GET", "api", "tfgpu", "kernels", notebook.kernel_id, params={"since": "nan"})
@@ -398,7 +400,7 @@ def lookalike_kernel(tmp_path: Path) -> Iterator[tuple[str, int]]:
 
 def valid_state(kernel_id: str, pid: int, policy: Policy = Policy(growth=True)) -> dict[str, Any]:
     """A state record as a kernel with `policy` and TensorFlow imported writes it."""
-    return {"format": kernelstate.FORMAT, "kernel_id": kernel_id, "pid": pid, "written": 1.5e9,
+    return {**kernelstate.STAMP, "kernel_id": kernel_id, "pid": pid, "written": 1.5e9,
             "policy": kernelstate.policy_record(policy),
             "tensorflow": {"state": "imported", "cuda_started": False, "initialized_by": None, "memory": []},
             "pending": [], "restart_needed": False, "keep": True,
@@ -487,6 +489,36 @@ def test_an_old_jsonschema_is_reported_as_old_not_missing_and_the_reply_says_whi
     assert "older than 4.0" in kernel.invalid and "not installed" not in kernel.invalid
     reply = conforms(gather.kernel_reply(kernel, gather.Machine(None), None, datetime.now(timezone.utc)), "kernelReply")
     assert reply["error"]["code"] == "jsonschema_old" and not reply["published"]
+
+
+def test_a_state_file_of_another_version_is_refused_as_state_invalid_in_one_line(
+        tmp_path: Path, lookalike_kernel: tuple[str, int]) -> None:
+    """A kernel of another tfgpu_magic (a server upgraded under running kernels): version 3's file, whose
+    `format` ended in its version and which had no `version`, and files of the next and the previous version,
+    are each refused with `state_invalid`, naming what the file says and what this server reads; the kernel's
+    reply says so and the schema accepts the reply."""
+    kernel_id, pid = lookalike_kernel
+    path = kernelstate.state_path(kernel_id, tmp_path)
+    good = valid_state(kernel_id, pid)
+    version = kernelstate.schema_version()
+    version_3 = {key: value for key, value in good.items() if key != "version"} | {
+        "format": f"{kernelstate.FORMAT}/3"}
+    for record, says in ((version_3, f"'{kernelstate.FORMAT}/3' version None"),
+                         ({**good, "version": version + 1}, f"version {version + 1},"),
+                         ({**good, "version": version - 1}, f"version {version - 1},")):
+        _write_state(path, **record)
+        with pytest.raises(kernelstate.StateInvalid) as refused:
+            _read(kernel_id, tmp_path)
+        message = str(refused.value)
+        assert refused.value.code == kernelstate.STATE_INVALID and "\n" not in message
+        assert says in message and f"not '{kernelstate.FORMAT}' version {version}" in message, message
+        kernel = gather.read_kernel(kernel_id, None, tmp_path, gather.TensorFlowSeen())
+        assert kernel.state is None and kernel.invalid_code == kernelstate.STATE_INVALID
+        reply = conforms(gather.kernel_reply(kernel, gather.Machine(None), None, datetime.now(timezone.utc)),
+                         "kernelReply")
+        assert reply["error"]["code"] == "state_invalid" and not reply["published"]
+    _write_state(path, **good)
+    assert _read(kernel_id, tmp_path)["version"] == version  # the same file of this version is read
 
 
 @pytest.mark.parametrize("name, hostile", HOSTILE_STATES, ids=[name for name, _ in HOSTILE_STATES])

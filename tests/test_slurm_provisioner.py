@@ -1,8 +1,9 @@
 """Kernels that run as Slurm jobs (`tfgpu-slurm-provisioner`), on the private cluster of
 tests/slurm_cluster.py and a real `jupyter server`: the kernel starts inside the job at the address the
 job reported, waits visibly in the queue, is dead when Slurm ends its job, takes the notebook's GPU
-count, and no job outlives the server. The job's task sees tests/fake_nvml.py's four GPUs through the
-wrapper (`SlurmCluster.fake_nvml_command`); Slurm's own GPU grant (gres over `nvidia0..3`) is real.
+count, and no job outlives the server; with the provisioner in this process, the server's cached
+ports go back and the job's do not, and a start waits out `scontrol` failing for a moment. The job's
+task sees tests/fake_nvml.py's four GPUs through the wrapper (`SlurmCluster.fake_nvml_command`); Slurm's own GPU grant (gres over `nvidia0..3`) is real.
 Also the pure parts: the sbatch options `--slurm` takes (`slurm_args`) and the kernelspec it writes."""
 
 from __future__ import annotations
@@ -328,3 +329,96 @@ def test_no_job_outlives_the_server(slurm_cluster: SlurmCluster) -> None:
         assert server.env.processes() == []  # no kernel left (before `server.stop` would stop any by PID)
         assert all(not server.connection_file(kernel).exists() for kernel in kernels)
         assert not list(server.env.runtime_dir.glob(f"{FOLDER_PREFIX}*"))
+
+
+# ----- the provisioner in this process: a `KernelManager` as a server runs one ---------------------------
+@contextlib.contextmanager
+def in_process_manager(cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch,
+                       path: str | None = None) -> Iterator[tuple[JupyterEnv, Any]]:
+    """An `AsyncKernelManager` for a Slurm kernelspec (one GPU), run in this process so the test sees
+    what a server's process holds (jupyter_client's `LocalPortCache`); Slurm's commands run with this
+    process's environment, its PATH `path` where given."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    with isolated_jupyter() as env:
+        env.environ.update(SLURM_CONF=cluster.env["SLURM_CONF"], PATH=path or cluster.env["PATH"])
+        for name in ("SLURM_CONF", "PATH"):
+            monkeypatch.setenv(name, env.environ[name])
+        write_slurm_kernelspec(env, cluster, "in-process", "--gres=gpu:1 --time=10")
+        manager = AsyncKernelManager(kernel_name="in-process", kernel_spec_manager=env.kernelspec_manager(),
+                                     connection_file=str(env.runtime_dir / "kernel-in-process.json"))
+        yield env, manager
+
+
+def port_set(info: dict[str, Any]) -> set[int]:
+    return {info[name] for name in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")}
+
+
+def test_cleanup_returns_the_servers_cached_ports_never_the_jobs(slurm_cluster: SlurmCluster,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server takes five ports from `LocalPortCache` for the connection file; the job, finding them
+    taken on its node, binds others. At the end the server's five go back to the cache, and the job's,
+    which the cache may hold for this server's local kernels, stay there."""
+    import asyncio
+    import socket
+
+    from jupyter_client.connect import LocalPortCache
+
+    cache = LocalPortCache.instance()
+    blocker = slurm_cluster.run(["sbatch", "--parsable", "--gres=gpu:4", "--output=/dev/null", "--wrap", "sleep 300"]).stdout.strip()
+    slurm_cluster.wait_job_state(blocker, "RUNNING")
+    with in_process_manager(slurm_cluster, monkeypatch) as (env, manager), contextlib.ExitStack() as held:
+        async def scenario() -> None:
+            start = asyncio.ensure_future(manager.start_kernel(env=env.environ, cwd=str(env.root)))
+            connection_file = Path(manager.connection_file)
+            server_ports = port_set(await asyncio.to_thread(
+                wait_until, lambda: connection_file.exists() and json.loads(connection_file.read_text()), 30,
+                "the server's connection file"))
+            assert server_ports <= cache.currently_used_ports
+            for port in server_ports:  # the job's node (this host) finds the server's ports taken
+                sock = held.enter_context(socket.socket())
+                sock.bind(("0.0.0.0", port))
+                sock.listen()
+            await asyncio.to_thread(slurm_cluster.run, ["scancel", blocker])
+            await asyncio.wait_for(start, START_TIMEOUT)
+            job_ports = port_set(manager.get_connection_info())
+            assert job_ports.isdisjoint(server_ports), (job_ports, server_ports)
+            others = job_ports - cache.currently_used_ports  # as if this server's local kernels held them
+            cache.currently_used_ports |= others
+            try:
+                await manager.shutdown_kernel(now=True)
+                assert server_ports.isdisjoint(cache.currently_used_ports), "the server's ports were not returned"
+                assert others <= cache.currently_used_ports, "the job's ports were taken out of the cache"
+            finally:
+                cache.currently_used_ports -= others
+
+        asyncio.run(scenario())
+    assert slurm_cluster.job_ids() == []
+
+
+def test_a_start_waits_out_scontrol_failing_for_a_moment(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path: Path) -> None:
+    """slurmctld busy: the first three `scontrol` calls fail as a real one does (exit 1, Slurm's words);
+    the start waits them out and the kernel starts."""
+    import asyncio
+    import shutil
+
+    real = shutil.which("scontrol", path=slurm_cluster.env["PATH"])
+    count = tmp_path / "count"
+    wrapper = tmp_path / "bin" / "scontrol"
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\nn=$(($(cat "{count}" 2>/dev/null || echo 0) + 1)); echo $n > "{count}"\n'
+                       'if [ $n -le 3 ]; then echo "slurm_load_jobs error: Socket timed out on send/recv operation" >&2; '
+                       f'exit 1; fi\nexec "{real}" "$@"\n', encoding="utf-8")
+    wrapper.chmod(0o755)
+    with in_process_manager(slurm_cluster, monkeypatch, f"{wrapper.parent}:{slurm_cluster.env['PATH']}") as (env, manager):
+        async def scenario() -> None:
+            await asyncio.wait_for(manager.start_kernel(env=env.environ, cwd=str(env.root)), START_TIMEOUT)
+            try:
+                assert int(count.read_text()) >= 3  # the three failures came, and the start went on
+                assert await manager.is_alive()
+            finally:
+                await manager.shutdown_kernel(now=True)
+
+        asyncio.run(scenario())
+    assert slurm_cluster.job_ids() == []

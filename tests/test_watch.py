@@ -2,7 +2,9 @@
 
 The cells' GPU memory is played by the fakes, which decide it: FakeMemory (TensorFlow's tensor bytes
 and peaks per logical GPU, `reset_memory_stats` setting the peak to the current figure), FakeNvml
-(this process's MiB on each card, changed by the cells), FakeTF (initialized or not).
+(this process's MiB on each card, changed by the cells), FakeTF (initialized or not). The shell's record of
+each cell's memory (`tf.cellmemory`, started at TensorFlow's import) reads the same FakeMemory, as both read
+the one TensorFlow in a kernel: the peak's reset before each cell is shared, one per logical GPU.
 The per-cell cost is a `make bench` figure (empty cell, watch on / off), not a test.
 """
 
@@ -19,11 +21,12 @@ from fake_nvml import FakeNvml, four_gpus
 from fake_tf import FakeTF
 from IPython.core.interactiveshell import InteractiveShell
 from kernels import tensorflow_stays_out_of_pytest  # noqa: F401 (autouse)
+from test_memory import drop_recorder
 
 from tfgpu_magic.controller import Controller
 from tfgpu_magic.errors import PolicyError
 from tfgpu_magic.gpus.inventory import InventoryCatalog, Nvml, read_inventory
-from tfgpu_magic.tf import quietimport
+from tfgpu_magic.tf import cellmemory, quietimport
 from tfgpu_magic.views import watch
 
 MIB = 1 << 20
@@ -38,6 +41,7 @@ def ipshell() -> Iterator[InteractiveShell]:
     yield shell
     watch.watch_off(shell)
     quietimport.disarm()
+    drop_recorder(shell)
 
 
 def hooks(shell: InteractiveShell) -> dict[str, int]:
@@ -60,7 +64,11 @@ def gpu_machine(initialized: bool = True) -> tuple[FakeTF, Controller, FakeMemor
 
 
 def start(shell: InteractiveShell, initialized: bool = True) -> tuple[FakeMemory, FakeNvml, io.StringIO, FakeTF]:
+    """The watch on, after the shell's per-cell record (`gpu_machine` started one over the real, absent
+    TensorFlow: this one reads the fake)."""
     fake, ctl, mem, nvml = gpu_machine(initialized)
+    drop_recorder(shell)
+    cellmemory.record_cells(shell, mem)
     out = io.StringIO()
     watch.watch_on(shell, ctl, mem, lambda: read_inventory(Nvml(module=nvml)), out)
     shell.user_ns.update(mem=mem, nvml=nvml, pid=os.getpid(), MIB=MIB)
@@ -119,6 +127,39 @@ def test_before_initialization_the_hooks_only_read_the_state(ipshell: Interactiv
     ipshell.user_ns["fake"] = fake
     ipshell.run_cell("fake.initialize(); mem.allocate('GPU:0', 64 * MIB)")
     assert out.getvalue().startswith("tfgpu watch: GPU 0: cell peak 64 MiB")  # the initializing cell
+
+
+def resets_per_cell(shell: InteractiveShell, mem: FakeMemory, cells: int = 3) -> list[int]:
+    """`reset_memory_stats` calls in each of `cells` cells."""
+    counts = []
+    for _ in range(cells):
+        before = len(mem.calls)
+        shell.run_cell("mem.allocate('GPU:0', MIB)")
+        counts.append(sum(call[0] == "reset" for call in mem.calls[before:]))
+    return counts
+
+
+def test_one_reset_per_logical_gpu_a_cell_watch_on_or_off(ipshell: InteractiveShell) -> None:
+    """The watch and the per-cell record read the same peak: with the watch on, a cell still resets each of
+    the two logical GPUs once (the record's reset), as with it off; both report the cell's own peak."""
+    mem, nvml, out, _ = start(ipshell)
+    recorder = cellmemory.recorder(ipshell)
+    assert resets_per_cell(ipshell, mem) == [2, 2, 2]
+    assert [cell.devices["GPU:0"].peak for cell in recorder.cells] == [MIB, 2 * MIB, 3 * MIB]
+    assert [line.split(", ")[0] for line in out.getvalue().splitlines()] == ["tfgpu watch: GPU 0: cell peak 1 MiB",
+                                                                           "tfgpu watch: GPU 0: cell peak 2 MiB",
+                                                                           "tfgpu watch: GPU 0: cell peak 3 MiB"]
+    watch.watch_off(ipshell)
+    assert resets_per_cell(ipshell, mem) == [2, 2, 2]
+
+
+def test_with_the_record_stopped_the_watch_resets_the_peaks_itself(ipshell: InteractiveShell) -> None:
+    mem, nvml, out, _ = start(ipshell)
+    cellmemory.recorder(ipshell).stop()
+    assert resets_per_cell(ipshell, mem, 2) == [2, 2]
+    ipshell.run_cell("mem.allocate('GPU:1', 900 * MIB); mem.free('GPU:1', 900 * MIB)")
+    ipshell.run_cell("mem.allocate('GPU:1', 100 * MIB); mem.free('GPU:1', 100 * MIB)")
+    assert out.getvalue().splitlines()[-1].startswith("tfgpu watch: GPU 1: cell peak 100 MiB")
 
 
 def test_a_wrong_word_is_a_usage_error(ipshell: InteractiveShell) -> None:

@@ -321,7 +321,7 @@ def test_in_a_container_a_kernel_shows_the_memory_its_frameworks_publish(
     try:
         wait_until(lambda: processes.runs_kernel(process.pid, kernel_id), 30, "the kernel's command line")
         inventory = read_inventory(Nvml(module=FakeNvml(four_gpus(this_kernel=False))))
-        record = {"format": kernelstate.FORMAT, "kernel_id": kernel_id, "pid": process.pid, "written": 1.0,
+        record = {**kernelstate.STAMP, "kernel_id": kernel_id, "pid": process.pid, "written": 1.0,
                   "policy": kernelstate.policy_record(Policy()),
                   "tensorflow": {"state": "initialized", "cuda_started": True, "initialized_by": None,
                                  "memory": [{"device": "GPU:0", "card": inventory.gpus[3].uuid,

@@ -67,6 +67,20 @@ SLURM_JOB_GPUS = "SLURM_JOB_GPUS"
 """The same for a batch or interactive job's own step (sbatch(1), salloc(1))."""
 SLURM_GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"
 """How many GPUs the step has on this node (srun(1), sbatch(1))."""
+SLURM_SUBMIT_HOST = "SLURM_SUBMIT_HOST"
+"""Where sbatch ran (sbatch(1), OUTPUT ENVIRONMENT VARIABLES): a kernel's job binds the node's address
+on the route to it (`jupyter.slurm_job`). Read only."""
+SLURM_CONF = "SLURM_CONF"
+"""The Slurm configuration file, which names the cluster: kept in a kernel job's environment."""
+TFGPU_MAGIC_SLURM_SUBMITTED = "TFGPU_MAGIC_SLURM_SUBMITTED"
+"""When the Slurm provisioner submitted a kernel's job (seconds since the epoch), for the kernel's note on
+its wait in the queue (`jupyter.slurm_job`)."""
+KERNEL_LAUNCH_TIMEOUT = "KERNEL_LAUNCH_TIMEOUT"
+"""Enterprise Gateway's name for the seconds a kernel may take to start; the Slurm provisioner reads it
+from the launch environment."""
+JPY_PARENT_PID = "JPY_PARENT_PID"
+"""The pid jupyter_client's launcher tells a kernel to watch (ipykernel exits when it ends): left out of
+a Slurm job's environment, where it would name a process of another host."""
 
 TABLE = (
     EnvVar(CUDA_DEVICE_ORDER, "the CUDA driver (cuInit)", (CUDA_START,),

@@ -71,10 +71,24 @@ class Frameworks(NamedTuple):
     cuda_users: bool = False
     """JAX's backends or PyTorch's CUDA started: they read `CUDA_VISIBLE_DEVICES`, and only a new process
     changes what they see."""
+    jax_at_import: bool = False
+    """JAX is installed and not imported: the plan works out what its import will bring (`Plan.at_import`)."""
+    torch_at_import: bool = False
+    """PyTorch is installed and not imported: the plan works out what its import will bring (`Plan.at_import`)."""
 
 
 ALL_FRAMEWORKS = Frameworks(jax=True, torch=True)
 """For a fresh process elsewhere (`%tfgpu export`): every framework's settings."""
+
+
+class AtImport(NamedTuple):
+    """What an import of JAX or PyTorch, installed and not imported yet, will bring in this process
+    (`Frameworks.jax_at_import`, `torch_at_import`): planned with the plan, set only at that import."""
+
+    env: tuple[tuple[str, str | None], ...] = ()
+    """Their own variables (JAX's `XLA_*`, PyTorch's allocator configuration)."""
+    torch_fractions: tuple[tuple[int, float], ...] = ()
+    """PyTorch's per-device memory fractions (`Plan.torch_fractions`)."""
 
 
 class Plan(NamedTuple):
@@ -109,6 +123,8 @@ class Plan(NamedTuple):
     """The share of each GPU JAX may take (its memory-fraction variable holds it too)."""
     torch_fractions: tuple[tuple[int, float], ...] = ()
     """PyTorch's device index (CUDA's order) → its per-process memory fraction."""
+    at_import: AtImport = AtImport()
+    """What the import of a framework installed and not imported yet will bring (the status shows it)."""
 
     @property
     def env_map(self) -> dict[str, str | None]:
@@ -204,10 +220,7 @@ def build_plan(
                     env[CUDA_VISIBLE_DEVICES] = ",".join(policy.visible)
     else:
         order = visible_order(policy, inherited_visible)
-        if uses_gpu_settings(policy) and not keeps_granted_order(policy, inherited_visible):
-            env[CUDA_DEVICE_ORDER] = PCI_BUS_ID
-        if policy.visible is not None:
-            env[CUDA_VISIBLE_DEVICES] = ",".join(policy.visible)
+        env.update(cuda_env(policy, inherited_visible))
     if policy.allocator is not None:
         env[TF_GPU_ALLOCATOR] = ALLOCATORS[policy.allocator]  # JAX's XLA reads it too
 
@@ -248,7 +261,8 @@ def build_plan(
         env[TF_CPP_MIN_LOG_LEVEL] = CPP_LOG_LEVEL[loglevel]
     for ref in unresolved:
         notes.append(note("no_tf_index", gpu=ref, uuid=not is_index(aliases.get(ref, ref) if aliases else ref)))
-    shares = card_shares(policy, order, aliases or {}, frameworks.totals) if frameworks.jax or frameworks.torch else {}
+    planned = frameworks.jax or frameworks.torch or frameworks.jax_at_import or frameworks.torch_at_import
+    shares = card_shares(policy, order, aliases or {}, frameworks.totals) if planned else {}
     if (frameworks.jax or frameworks.torch) and (policy.limits or policy.splits) and not shares:
         notes.append(note("shares_unknown"))
     jax_fraction = _jax_env(policy, shares, frameworks, env, notes) if frameworks.jax else None
@@ -267,7 +281,30 @@ def build_plan(
         loglevel=loglevel,
         jax_fraction=jax_fraction,
         torch_fractions=tuple(sorted(shares.items())) if frameworks.torch else (),
+        at_import=_at_import(policy, shares, frameworks),
     )
+
+
+def cuda_env(policy: Policy, inherited_visible: str | None) -> dict[str, str | None]:
+    """The `CUDA_*` variables `policy` sets where CUDA has not started yet (`inherited_visible`: as in
+    `build_plan`): once CUDA started a plan sets none, though a fresh process would get these."""
+    env: dict[str, str | None] = {}
+    if uses_gpu_settings(policy) and not keeps_granted_order(policy, inherited_visible):
+        env[CUDA_DEVICE_ORDER] = PCI_BUS_ID
+    if policy.visible is not None:
+        env[CUDA_VISIBLE_DEVICES] = ",".join(policy.visible)
+    return env
+
+
+def _at_import(policy: Policy, shares: dict[int, float], frameworks: Frameworks) -> AtImport:
+    """What the import of JAX or PyTorch (`Frameworks.jax_at_import`, `torch_at_import`) will bring, from
+    the same shares as the rest of the plan; its notes are the plan's once the framework is imported."""
+    env: dict[str, str | None] = {}
+    if frameworks.jax_at_import:
+        _jax_env(policy, shares, frameworks, env, [])
+    if frameworks.torch_at_import:
+        _torch_env(policy, frameworks, env)
+    return AtImport(tuple(env.items()), tuple(sorted(shares.items())) if frameworks.torch_at_import else ())
 
 
 KERAS_OTHER_BACKENDS = ("jax", "torch")

@@ -2,7 +2,8 @@
  * Writes src/schema.ts: the TypeScript types of the server extension's replies and of the state a kernel
  * publishes, generated from the one contract, ../tfgpu_magic/jupyter/tfgpu-state.schema.json, by
  * json-schema-to-typescript (https://github.com/bcherny/json-schema-to-typescript), with the schema's
- * version and reply formats as values the browser compares with a reply's. `npm run schema` rewrites it;
+ * version (`$defs/version`, written there alone), the records' formats and the error codes as values the
+ * browser compares with a reply's. `npm run schema` rewrites it;
  * `node scripts/schema.mjs <file>` writes elsewhere (tests/test_contract.py compares, so a stale file fails).
  */
 import { readFileSync, writeFileSync } from 'node:fs';
@@ -18,7 +19,8 @@ const schema = JSON.parse(readFileSync(SCHEMA, 'utf-8'));
 const formats = Object.fromEntries(
   Object.entries(schema.$defs).flatMap(([name, def]) => (def.properties?.format?.const ? [[name, def.properties.format.const]] : []))
 );
-const version = Number(schema.$id.split('/').pop());
+const version = schema.$defs.version.const;
+const errorCodes = schema.$defs.errorCode.enum;
 // every definition, under its own name (the root names none of them)
 const root = { ...schema, title: 'Contract', type: 'object', additionalProperties: false, properties: {} };
 const types = await compile(root, 'Contract', {
@@ -34,14 +36,17 @@ const banner = `/* eslint-disable */
  * \`npm run schema\` after editing the schema (tests/test_contract.py fails while this file is stale).
  */
 
-/** The schema's version: a reply whose \`format\` ends in another one is of an older or newer contract. */
+/** The schema's version (\`$defs/version\`): a reply of another \`version\` is of an older or newer contract. */
 export const SCHEMA_VERSION = ${version};
 
 /** The request header in which the browser says which version it speaks (a server of another answers 409). */
 export const VERSION_HEADER = '${schema['x-version-header']}';
 
-/** Each reply's and record's \`format\`, by its definition. */
+/** Each reply's and record's \`format\` (what it is; its \`version\` says which contract), by its definition. */
 export const FORMATS = ${JSON.stringify(formats, null, 2).replace(/"/g, "'")} as const;
+
+/** \`$defs/errorCode\`: the codes an error body (\`$defs/error\`) may carry, to tell one from any other body. */
+export const ERROR_CODES: readonly ErrorCode[] = ${JSON.stringify(errorCodes, null, 2).replace(/"/g, "'")};
 
 `;
 writeFileSync(OUTPUT, banner + types);

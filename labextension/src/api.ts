@@ -6,13 +6,13 @@
  * XSRF cookie on the POST). A failed request becomes a `RequestFailure` saying which kind of failure.
  * The types are generated from the schema (`schema.ts`, `npm run schema`); the names here are the ones
  * the views use. Each request says which version of the schema the browser speaks, and each reply's
- * `format` is compared with the browser's, so a browser and a server of different versions say which is
- * older instead of misreading each other.
+ * `format` and `version` are compared with the browser's, so a browser and a server of different versions
+ * say which is older instead of misreading each other.
  */
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { FORMATS, SCHEMA_VERSION, VERSION_HEADER } from './schema';
+import { ERROR_CODES, FORMATS, SCHEMA_VERSION, VERSION_HEADER } from './schema';
 import type * as schema from './schema';
 
 /** `$defs/tensorflowState`. */
@@ -82,13 +82,14 @@ export type IKeepReply = schema.KeepReply;
 /**
  * Why a request gave no reply: `extension-missing` (the server answers, but has no /api/tfgpu: the
  * server extension is off or not installed), `server-gone` (no answer at all), `failed` (any other
- * HTTP error), `unknown-kernel` (the server extension does not know this kernel: it just started),
- * `server-older` and `browser-older` (the two speak different versions of the schema: which is older).
+ * refusal: its error body's `code` says which), `unknown-kernel` (the server extension does not know this
+ * kernel: it just started), `server-older` and `browser-older` (the two speak different versions of the schema: which is older).
  */
 export type FailureKind = 'extension-missing' | 'server-gone' | 'failed' | 'unknown-kernel' | 'server-older' | 'browser-older';
 
 /** A request that gave no reply, with its kind, the HTTP status where there was one, the detail (English,
- * for a tooltip), and the code of the server's error body (`$defs/error`) where it sent one. */
+ * for a tooltip), and the code of the server's error body (`$defs/error`) where it sent one: the views word
+ * that code, and the HTTP status only where the body was not the schema's error (words.ts `failureText`). */
 export class RequestFailure extends Error {
   constructor(
     readonly kind: FailureKind,
@@ -105,10 +106,25 @@ function olderSide(theirs: number | null): FailureKind {
   return theirs !== null && theirs > SCHEMA_VERSION ? 'browser-older' : 'server-older';
 }
 
-/** The version a `format` ends in (`tfgpu_magic/gpus/<version>`); null where it ends in none. */
-export function formatVersion(format: unknown): number | null {
-  const last = typeof format === 'string' ? format.split('/').pop() ?? '' : '';
+/** The version a reply is of: its `version`; a server of a version before 4 sent none, and ended its
+ * `format` in its version instead (`<format>/<version>`); null where neither says. */
+function replyVersion(reply: { format?: unknown; version?: unknown }): number | null {
+  if (typeof reply.version === 'number') {
+    return reply.version;
+  }
+  const last = typeof reply.format === 'string' ? (reply.format.split('/').pop() ?? '') : '';
   return /^\d+$/.test(last) ? Number(last) : null;
+}
+
+/** `body` where it is the schema's error (`$defs/error`: a code the schema names, English in `message`); null
+ * for any other body: a proxy's HTML page, an empty body, JSON of another shape. */
+function errorBody(body: unknown): IReplyError | null {
+  if (typeof body !== 'object' || body === null) {
+    return null;
+  }
+  const { code, message } = body as { code?: unknown; message?: unknown };
+  const known = typeof code === 'string' && (ERROR_CODES as readonly string[]).includes(code);
+  return known && typeof message === 'string' ? (body as IReplyError) : null;
 }
 
 /** `api/tfgpu/<path>` on this server. */
@@ -118,30 +134,28 @@ function apiUrl(settings: ServerConnection.ISettings, path: string): string {
 
 /**
  * The failure an HTTP error reply stands for, by the code of its body: every error of the server
- * extension's handlers is `$defs/error`; a 404 without one is the server's own page for a path no
- * handler serves (`Template404`): the extension is missing.
+ * extension's handlers is `$defs/error`. Only a body that is not one is taken by its HTTP status: a 404 is
+ * then the server's own page for a path no handler serves (`Template404`): the extension is missing.
  */
 async function failureOf(response: Response): Promise<RequestFailure> {
-  let detail = `${response.status} ${response.statusText}`.trim();
-  let body: Partial<IReplyError> = {};
-  if ((response.headers.get('Content-Type') ?? '').includes('application/json')) {
-    try {
-      body = (await response.json()) as Partial<IReplyError>;
-    } catch {
-      // the status says enough
-    }
+  let body: unknown = null;
+  try {
+    body = await response.json();
+  } catch {
+    // not JSON (a proxy's page, an empty body): not the extension's error
   }
-  if (typeof body.message === 'string') {
-    detail = body.message;
+  const error = errorBody(body);
+  if (error === null) {
+    const detail = `${response.status} ${response.statusText}`.trim();
+    return new RequestFailure(response.status === 404 ? 'extension-missing' : 'failed', response.status, detail);
   }
-  const code = typeof body.code === 'string' ? body.code : null;
-  if (code === 'version_mismatch') {
-    return new RequestFailure(olderSide(body.server_version ?? null), response.status, detail, code);
-  }
-  if (response.status === 404) {
-    return new RequestFailure(code === 'unknown_kernel' ? 'unknown-kernel' : 'extension-missing', 404, detail, code);
-  }
-  return new RequestFailure('failed', response.status, detail, code);
+  const kind =
+    error.code === 'version_mismatch'
+      ? olderSide(error.server_version ?? null)
+      : error.code === 'unknown_kernel'
+        ? 'unknown-kernel'
+        : 'failed';
+  return new RequestFailure(kind, response.status, error.message, error.code);
 }
 
 /** `method` `api/tfgpu/<path>` (and `query`, `?...`, outside the path), the JSON reply of `format`; a
@@ -159,15 +173,18 @@ async function request<T>(path: string, format: string, init: RequestInit = {}, 
   if (!response.ok) {
     throw await failureOf(response);
   }
-  let reply: { format?: unknown };
+  let reply: { format?: unknown; version?: unknown };
   try {
-    reply = (await response.json()) as { format?: unknown };
+    reply = ((await response.json()) ?? {}) as { format?: unknown; version?: unknown };
   } catch (reason) {
     throw new RequestFailure('failed', response.status, String(reason));
   }
-  if (reply.format !== format) {
-    const detail = `the server answered ${String(reply.format).slice(0, 80)}, this page reads ${format}`;
-    throw new RequestFailure(olderSide(formatVersion(reply.format)), response.status, detail, 'version_mismatch');
+  if (reply.format !== format || reply.version !== SCHEMA_VERSION) {
+    const theirs = replyVersion(reply);
+    const detail =
+      `the server answered ${String(reply.format).slice(0, 80)} version ${theirs ?? '?'}, ` +
+      `this page reads ${format} version ${SCHEMA_VERSION}`;
+    throw new RequestFailure(olderSide(theirs), response.status, detail, 'version_mismatch');
   }
   return reply as T;
 }

@@ -20,6 +20,7 @@ import { VDomModel } from '@jupyterlab/ui-components';
 import { Poll } from '@lumino/polling';
 
 import {
+  ErrorCode,
   FailureKind,
   IGpusReply,
   IKernelReply,
@@ -41,10 +42,12 @@ export interface IReceived<T> {
   at: number;
 }
 
-/** The latest request failed: how, since when (`Date.now()` of the first failure of this kind). */
+/** The latest request failed: how, since when (`Date.now()` of the first failure of this kind), and the
+ * code of the server's error body where it sent one (the views word it). */
 export interface IFailure {
   kind: Exclude<FailureKind, 'unknown-kernel'>;
   status: number | null;
+  code: ErrorCode | null;
   detail: string;
   since: number;
 }
@@ -146,7 +149,7 @@ export class GpuModel extends VDomModel {
     const demand = this._demand(); // something is shown: else `standby` kept the poll from calling this
     if (this._failure !== null) {
       if (!this._budgetLeft()) {
-        throw new RequestFailure(this._failure.kind, this._failure.status, this._failure.detail);
+        throw new RequestFailure(this._failure.kind, this._failure.status, this._failure.detail, this._failure.code);
       }
       // one request while failing: the cards where shown (never a 404 of a kernel just started)
       return this._ask(demand.gpus ? { kernelId: null, gpus: true } : demand, true);
@@ -221,7 +224,7 @@ export class GpuModel extends VDomModel {
     }
     const kind = failed.kind as IFailure['kind'];
     const since = this._failure?.kind === kind ? this._failure.since : Date.now();
-    this._failure = { kind, status: failed.status, detail: failed.message, since };
+    this._failure = { kind, status: failed.status, code: failed.code, detail: failed.message, since };
     this.stateChanged.emit();
     throw failed;
   }

@@ -34,7 +34,7 @@ async function policyLines(trans: TranslationBundle, kernelId: string): Promise<
     return reply.directives;
   } catch (reason) {
     if (reason instanceof RequestFailure) {
-      const text = failureText(trans, reason.kind, reason.status);
+      const text = failureText(trans, reason);
       return [text.what, text.fix].filter(part => part).join(' ');
     }
     return String(reason);

@@ -29,7 +29,7 @@ export function problems(
   const found: IProblem[] = [];
   const failure = model.failure;
   if (failure !== null) {
-    found.push({ key: `failure-${failure.kind}`, ...failureText(trans, failure.kind, failure.status), detail: failure.detail });
+    found.push({ key: `failure-${failure.kind}`, ...failureText(trans, failure), detail: failure.detail });
   }
   const kernel = model.kernel(kernelId)?.reply ?? null;
   if (kernel?.error) {

@@ -17,7 +17,7 @@ import type { ITranslator, TranslationBundle } from '@jupyterlab/translation';
 
 import { IKernelReply, RequestFailure, keepPolicy } from './api';
 import type { GpuModel } from './model';
-import { errorText, failureText, policyPhrases } from './words';
+import { failureText, policyPhrases } from './words';
 
 export const COMMAND = 'tfgpu:restart-run-to-selected';
 /** JupyterLab's own command, for kernels whose policy cannot be kept. */
@@ -147,12 +147,12 @@ export async function restartRunToSelected(
   return true;
 }
 
-/** Why the server did not keep the policy, worded from its error body's code (the server's English
+/** Why the server did not keep the policy, worded from its error body's code (`failureText`; the server's English
  * only as the detail after it). */
 function refusalText(trans: TranslationBundle, reason: unknown): string {
   if (!(reason instanceof RequestFailure)) {
     return String(reason);
   }
-  const { what, fix } = reason.code !== null ? errorText(trans, reason.code) : failureText(trans, reason.kind, reason.status);
+  const { what, fix } = failureText(trans, reason);
   return [what, fix, trans.__('Server: %1', reason.message)].filter(line => line !== '').join('\n');
 }

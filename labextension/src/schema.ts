@@ -4,20 +4,45 @@
  * `npm run schema` after editing the schema (tests/test_contract.py fails while this file is stale).
  */
 
-/** The schema's version: a reply whose `format` ends in another one is of an older or newer contract. */
-export const SCHEMA_VERSION = 3;
+/** The schema's version (`$defs/version`): a reply of another `version` is of an older or newer contract. */
+export const SCHEMA_VERSION = 4;
 
 /** The request header in which the browser says which version it speaks (a server of another answers 409). */
 export const VERSION_HEADER = 'X-TFGPU-Schema';
 
-/** Each reply's and record's `format`, by its definition. */
+/** Each reply's and record's `format` (what it is; its `version` says which contract), by its definition. */
 export const FORMATS = {
-  'kernelState': 'tfgpu_magic/kernel-state/3',
-  'gpusReply': 'tfgpu_magic/gpus/3',
-  'kernelReply': 'tfgpu_magic/kernel/3',
-  'keepReply': 'tfgpu_magic/keep/3'
+  'kernelState': 'tfgpu_magic/kernel-state',
+  'gpusReply': 'tfgpu_magic/gpus',
+  'kernelReply': 'tfgpu_magic/kernel',
+  'keepReply': 'tfgpu_magic/keep'
 } as const;
 
+/** `$defs/errorCode`: the codes an error body (`$defs/error`) may carry, to tell one from any other body. */
+export const ERROR_CODES: readonly ErrorCode[] = [
+  'nvml_missing',
+  'no_driver',
+  'nvml_failed',
+  'driver_not_answering',
+  'state_invalid',
+  'jsonschema_missing',
+  'jsonschema_old',
+  'unknown_kernel',
+  'bad_since',
+  'policy_refused',
+  'keep_failed',
+  'version_mismatch',
+  'forbidden',
+  'server_error'
+];
+
+/**
+ * The contract's version, the one place it is written: every record's `version` refers here, and a change of any record's shape raises it. A client of another version is told so (409 `version_mismatch`; a reply of another `version` the client refuses).
+ *
+ * This interface was referenced by `Contract`'s JSON-Schema
+ * via the `definition` "version".
+ */
+export type Version = 4;
 /**
  * A GPU as the policy names it: an nvidia-smi index (`"1"`), a GPU or MIG UUID (or prefix), or `all`.
  *
@@ -83,7 +108,7 @@ export type ErrorCode =
   | 'server_error';
 
 /**
- * Data only: memory in bytes, states as enums, each pending change as a record. English appears only in an error's `message`; clients word everything else. `jupyter/kernelstate.py` writes and reads the state file, `serverext/gather.py` builds the replies; tests validate both against this file. The version is the last part of `$id`, and every `format` ends in it; a client sends it in the `x-version-header` request header and the server answers another one with a 409 `version_mismatch`.
+ * Data only: memory in bytes, states as enums, each pending change as a record. English appears only in an error's `message`; clients word everything else. `jupyter/kernelstate.py` writes and reads the state file, `serverext/gather.py` builds the replies; tests validate both against this file. The version is written once, in `$defs/version`: every record (the state file and each reply) names what it is in `format` and carries the version in `version`, a reference to it; a client sends it in the `x-version-header` request header and the server answers another one with a 409 `version_mismatch`.
  */
 export interface Contract {}
 /**
@@ -93,7 +118,8 @@ export interface Contract {}
  * via the `definition` "kernelState".
  */
 export interface KernelState {
-  format: 'tfgpu_magic/kernel-state/3';
+  format: 'tfgpu_magic/kernel-state';
+  version: Version;
   kernel_id: string;
   pid: number;
   /**
@@ -412,7 +438,7 @@ export interface Error {
    */
   message: string;
   /**
-   * version_mismatch: the server's schema version (this file's `$id`).
+   * version_mismatch: the server's schema version (`$defs/version`).
    */
   server_version?: number | null;
   /**
@@ -495,7 +521,8 @@ export interface Gpu {
  * via the `definition` "gpusReply".
  */
 export interface GpusReply {
-  format: 'tfgpu_magic/gpus/3';
+  format: 'tfgpu_magic/gpus';
+  version: Version;
   gpus: Gpu[];
   gpu_status: GpuStatus;
 }
@@ -519,7 +546,8 @@ export interface KernelGpu {
  * via the `definition` "kernelReply".
  */
 export interface KernelReply {
-  format: 'tfgpu_magic/kernel/3';
+  format: 'tfgpu_magic/kernel';
+  version: Version;
   kernel: KernelRef;
   pid: number | null;
   /**
@@ -632,7 +660,8 @@ export interface MemorySeries {
  * via the `definition` "keepReply".
  */
 export interface KeepReply {
-  format: 'tfgpu_magic/keep/3';
+  format: 'tfgpu_magic/keep';
+  version: Version;
   /**
    * false: nothing to keep (the kernel publishes no policy); the restart goes on without one.
    */

@@ -48,7 +48,7 @@ export class GpuStatus extends VDomRenderer<GpuModel> {
     const line = received
       ? [statusLine(trans, received.reply), ...errors.flatMap(error => (error ? [errorShort(trans, error.code)] : []))].join(' · ')
       : failure
-        ? failureShort(trans, failure.kind, failure.status)
+        ? failureShort(trans, failure)
         : '';
     const details = [
       ...(received ? statusDetails(trans, received.reply) : []),

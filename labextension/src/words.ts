@@ -9,6 +9,7 @@ import type { TranslationBundle } from '@jupyterlab/translation';
 import type {
   FailureKind,
   FrameworkState,
+  RequestFailure,
   IFramework,
   IFrameworkMemory,
   IFrameworks,
@@ -20,6 +21,7 @@ import type {
   SettingValue,
   TensorFlowState
 } from './api';
+import { errorShort, errorText } from './errorwords';
 import type { FrameworkSource, IPoint } from './history';
 import { bytesText, directiveSize, gibPair, splitSize } from './sizes';
 
@@ -363,10 +365,15 @@ export function frameworkMemory(
   return (['jax', 'torch'] as const).flatMap(name => (frameworks?.[name]?.memory ?? []).map(row => ({ name, row })));
 }
 
-export { errorShort, errorText } from './errorwords';
+export { errorShort, errorText };
 
-/** What a failed request means, and its fix. */
-export function failureText(trans: TranslationBundle, kind: FailureKind, status: number | null): IProblemText {
+/** What a failure is worded from: how it failed, the HTTP status, the code of the server's error body. */
+type FailureFacts<K extends FailureKind = FailureKind> = Pick<RequestFailure, 'status' | 'code'> & { kind: K };
+
+/** What a failed request means, and its fix. A refusal is worded by its error body's `code` (a 403 is
+ * `forbidden` because the body says so); its HTTP status only where the body was not the schema's error (a
+ * proxy's page, an empty body). */
+export function failureText(trans: TranslationBundle, { kind, status, code }: FailureFacts): IProblemText {
   switch (kind) {
     case 'extension-missing':
       return {
@@ -379,10 +386,12 @@ export function failureText(trans: TranslationBundle, kind: FailureKind, status:
         fix: trans.__('Check that JupyterLab still runs (its terminal shows why it stopped), then reload this page.')
       };
     case 'failed':
-      return {
-        what: trans.__('The GPU request failed (HTTP %1).', status ?? '?'),
-        fix: trans.__("The Jupyter server's log says why.")
-      };
+      return code !== null
+        ? errorText(trans, code)
+        : {
+            what: trans.__('The GPU request failed (HTTP %1).', status ?? '?'),
+            fix: trans.__("The Jupyter server's log says why.")
+          };
     case 'unknown-kernel':
       return {
         what: trans.__('The server extension does not know this kernel yet.'),
@@ -401,11 +410,11 @@ export function failureText(trans: TranslationBundle, kind: FailureKind, status:
   }
 }
 
-/** A failed request in a few words, for the status bar where there is nothing else to show. */
+/** A failed request in a few words, for the status bar where there is nothing else to show (by its code, as
+ * `failureText`). */
 export function failureShort(
   trans: TranslationBundle,
-  kind: Exclude<FailureKind, 'unknown-kernel'>,
-  status: number | null
+  { kind, status, code }: FailureFacts<Exclude<FailureKind, 'unknown-kernel'>>
 ): string {
   switch (kind) {
     case 'extension-missing':
@@ -413,7 +422,7 @@ export function failureShort(
     case 'server-gone':
       return trans.__('GPU: server not answering');
     case 'failed':
-      return trans.__('GPU: request failed (HTTP %1)', status ?? '?');
+      return code !== null ? trans.__('GPU: %1', errorShort(trans, code)) : trans.__('GPU: request failed (HTTP %1)', status ?? '?');
     case 'server-older':
       return trans.__('GPU: server extension older than the page');
     case 'browser-older':

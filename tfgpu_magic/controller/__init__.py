@@ -18,7 +18,7 @@ from ..frameworks.torch import Fractions, Torch, TorchAPI
 from ..gpus.cudaenv import Grant, GrantedCatalog, grant_of
 from ..gpus.inventory import Inventory, InventoryCatalog
 from ..envvars import ALLOCATOR_CREATION, CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES
-from ..plan import Frameworks, Note, Plan, build_plan, uses_gpu_settings
+from ..plan import Frameworks, Note, Plan, build_plan, cuda_env, uses_gpu_settings
 from ..language.policy import Policy
 from ..tf.apply import (ApplyReport, ConfigAPI, Pending, Recorded, TensorFlowConfig, VariableSet,
                         any_logical_recorded, apply_plan, env_changes, session_config)
@@ -128,7 +128,7 @@ class Controller:
 
     def other_frameworks(self, plan: Plan | None = None) -> list[FrameworkView]:
         """JAX, PyTorch and Keras as the status shows them (`queries.other_frameworks`); `plan`: this
-        process's plan, where the caller built it already."""
+        process's plan with what an import will bring (`plan(imports=True)`), where the caller built it."""
         return queries.other_frameworks(self, plan)
 
     def framework_memory(self, state: RuntimeState | None = None,
@@ -206,25 +206,27 @@ class Controller:
             return state._replace(cuda_elsewhere=NVML_LISTS_SELF)
         return state
 
-    def plan(self, state: RuntimeState | None = None, probe: bool = False) -> Plan:
+    def plan(self, state: RuntimeState | None = None, probe: bool = False, imports: bool = False) -> Plan:
         """The plan for the current policy, for TensorFlow as it is in `state` (default: now).
 
         With `probe` (about to apply; the `CUDA_*` variables are already set), or once CUDA started
-        anyway, it asks TensorFlow whether a logical-device configuration is already recorded."""
+        anyway, it asks TensorFlow whether a logical-device configuration is already recorded. With
+        `imports` (a view about to show it), also what the import of JAX or PyTorch, installed and not
+        imported yet, will bring (`Plan.at_import`): one plan serves the whole status."""
         state = state or self.state()
         recorded = self._may_look(state, probe) and any_logical_recorded(self.api)
         inherited = self.environ.get(CUDA_VISIBLE_DEVICES) if state.cuda_fixed \
             else self._env.inherited(CUDA_VISIBLE_DEVICES)
         plan = build_plan(self.policy, inherited, cuda_started=state.cuda_fixed,
                           aliases=policyedits.aliases(self.policy, self.catalog), logical_recorded=recorded,
-                          frameworks=self.frameworks())
+                          frameworks=self.frameworks(imports=imports))
         return plan._replace(locked_env=tuple(self._locked_env(plan, state)))
 
-    def frameworks(self, every: bool = False) -> Frameworks:
+    def frameworks(self, every: bool = False, imports: bool = False) -> Frameworks:
         """What the plan needs to know of the other frameworks here (`FrameworkMoments.frameworks`)."""
         policy = self.policy
         return self._moments.frameworks(bool(policy.limits or policy.splits), policy.growth is None, self.inventory,
-                                        self.environ, self._env.alloc_conf(), every)
+                                        self.environ, self._env.alloc_conf(), every, imports)
 
     def _may_look(self, state: RuntimeState, probe: bool) -> bool:
         """Whether `plan` asks TensorFlow for a recorded logical configuration (only growth's route
@@ -240,11 +242,11 @@ class Controller:
                      if (value := self._env.inherited(name)) is not None and name not in plan.env_map]
         return plan._replace(env=(*plan.env, *inherited)) if inherited else plan
 
-    def fresh_plan(self, every: bool = True) -> Plan:
-        """The plan for the policy in a process where CUDA has not started yet (`every`: with every
-        framework's settings, as `%tfgpu export` writes them and an import will bring)."""
+    def fresh_plan(self) -> Plan:
+        """The plan for the policy in a process where CUDA has not started yet, with every framework's
+        settings, as `%tfgpu export` writes them."""
         return build_plan(self.policy, self._env.inherited(CUDA_VISIBLE_DEVICES),
-                          aliases=policyedits.aliases(self.policy, self.catalog), frameworks=self.frameworks(every))
+                          aliases=policyedits.aliases(self.policy, self.catalog), frameworks=self.frameworks(every=True))
 
     # ----- applying ----------------------------------------------------------------------------
     def apply(self) -> ApplyReport:
@@ -304,11 +306,12 @@ class Controller:
         """The plan's variable changes that can no longer take effect, restoring included: a variable
         the policy no longer wants even in a fresh process (after `reset`, say) stays as its reader
         read it until a restart. (Once CUDA started, a plan sets no `CUDA_*` variable for a policy
-        that still wants them: those are not restores.)"""
+        that still wants them, `plan.cuda_env`: those are not restores.)"""
         wanted = plan.env_map
         late = [(name, current, target, why) for name, current, target in self._env.diff(wanted)
                 if (why := self._too_late(name, state))]
-        fresh = self.fresh_plan(every=False).env_map if any(name not in wanted for name, *_ in late) else {}
+        fresh = cuda_env(self.policy, self._env.inherited(CUDA_VISIBLE_DEVICES)) \
+            if any(name not in wanted for name, *_ in late) else {}
         return [change for change in late if change[0] in wanted or change[0] not in fresh]
 
     def _too_late(self, name: str, state: RuntimeState) -> str | None:

@@ -45,20 +45,26 @@ class FrameworkMoments:
         return jax.state(), self.torch.state(), keras.imported()
 
     def frameworks(self, limited: bool, growth_left: bool, inventory: Callable[[], Inventory],
-                   environ: Mapping[str, str], alloc_conf: str | None, every: bool = False) -> Frameworks:
+                   environ: Mapping[str, str], alloc_conf: str | None, every: bool = False,
+                   imports: bool = False) -> Frameworks:
         """What the plan needs to know of the other frameworks here: those imported (one imported later
         gets the policy as its import finishes: `watch_imports`), or every one (`every`: for a fresh
-        process elsewhere, or to show what an import will bring). The cards' totals and JAX's fraction
+        process elsewhere); with `imports`, also those installed and not imported, whose import the plan
+        works out apart (`plan.AtImport`: what the status shows). The cards' totals and JAX's fraction
         variable are read only where the policy has a limit (`limited`), Keras's backend only where the
         policy leaves growth to it (`growth_left`)."""
         torch_state, jax_state = self.torch.state(), jax.state()
         here = ALL_FRAMEWORKS if every else Frameworks(
             jax=jax_state.imported, torch=torch_state.imported or self.torch_importing,
             tensorflow=self.api.state().imported, cuda_users=torch_state.cuda_started or jax_state.started)
-        cards = inventory() if limited and (here.jax or here.torch) else None
+        if imports and not every:
+            here = here._replace(jax_at_import=not jax_state.imported and jax.installed(),
+                                 torch_at_import=not torch_state.imported and torch_room.installed())
+        jax_planned = here.jax or here.jax_at_import
+        cards = inventory() if limited and (jax_planned or here.torch or here.torch_at_import) else None
         totals = {gpu.ref: gpu.memory_total_mib for gpu in cards.gpus if gpu.memory_total_mib} \
             if cards is not None and cards.available else {}
-        fraction_variable = jax.fraction_variable(environ) if limited and here.jax else here.fraction_variable
+        fraction_variable = jax.fraction_variable(environ) if limited and jax_planned else here.fraction_variable
         return here._replace(fraction_variable=fraction_variable, alloc_conf=alloc_conf, totals=totals,
                              keras_backend=keras.state(environ).backend if growth_left else None)
 

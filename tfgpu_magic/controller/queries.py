@@ -34,8 +34,7 @@ class Source(Protocol):
 
     def inventory(self) -> Inventory: ...
     def state(self) -> RuntimeState: ...
-    def plan(self, state: RuntimeState | None = None, probe: bool = False) -> Plan: ...
-    def fresh_plan(self, every: bool = True) -> Plan: ...
+    def plan(self, state: RuntimeState | None = None, probe: bool = False, imports: bool = False) -> Plan: ...
     def environment(self) -> dict[str, str]: ...
 
 
@@ -114,13 +113,11 @@ def gpu_settings(source: Source, refs: Iterable[str]) -> dict[str, GpuSettings]:
 def other_frameworks(source: Source, plan: Plan | None = None) -> list[FrameworkView]:
     """JAX and PyTorch where imported (what they were told), or installed and told something by the
     policy (what their import will bring); Keras where imported or set to another backend than
-    TensorFlow. `plan`: this process's, where the caller built it; the fresh process's plan (what an
-    import will bring) is built only where a framework is installed and not imported."""
+    TensorFlow. `plan`: this process's, built with what an import will bring (`imports`), where the
+    caller built it."""
     jax_state, torch_state = jax.state(), source.torch.state()
-    fresh = None
-    if (not jax_state.imported and jax.installed()) or (not torch_state.imported and torch_room.installed()):
-        fresh = source.fresh_plan()
-    planned = {} if fresh is None else {name: value for name, value in fresh.env if value is not None}
+    plan = plan or source.plan(imports=True)
+    planned = {name: value for name, value in (*plan.env, *plan.at_import.env) if value is not None}
     environment = source.environment()
 
     def told(name: str, imported: bool) -> tuple[tuple[str, str], ...]:
@@ -132,10 +129,7 @@ def other_frameworks(source: Source, plan: Plan | None = None) -> list[Framework
     if jax_state.imported or (jax_told and jax.installed()):
         views.append(FrameworkView(JAX, jax_state.version, jax_state.imported, jax_state.started, jax_told))
     torch_told = told(TORCH, torch_state.imported)
-    if torch_state.imported:
-        fractions = (plan or source.plan()).torch_fractions
-    else:
-        fractions = fresh.torch_fractions if fresh is not None else ()
+    fractions = plan.torch_fractions if torch_state.imported else plan.at_import.torch_fractions
     if torch_state.imported or ((torch_told or fractions) and torch_room.installed()):
         views.append(FrameworkView(TORCH, torch_state.version, torch_state.imported, torch_state.cuda_started,
                                    torch_told, fractions, torch_state.cuda_build is not None

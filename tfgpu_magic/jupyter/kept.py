@@ -3,8 +3,8 @@ what the status shows, and voided as soon as the desired policy differs from it,
 never brings back a policy the user has changed since (a `%tfgpu reset`, then a restart from the
 front end).
 
-Cheap where nothing is kept: the pending file's path is worked out once per kernel, and each policy
-change or status costs one `lstat`.
+Cheap where nothing is kept: the pending file's path is worked out once per kernel (kept on its shell: a
+kernel's connection file is fixed for its life), and each policy change or status costs one `lstat`.
 """
 
 from __future__ import annotations
@@ -29,13 +29,23 @@ class KeptFor(NamedTuple):
     path: Path
 
 
+_PLACE = "_tfgpu_kept_for"
+"""The shell attribute holding its kernel's `KeptFor`, worked out at the first status or hookup."""
+
+
 def kept_for(shell: Any) -> KeptFor | None:
-    """This kernel's pending-file place; None outside a kernel or without a connection file."""
+    """This kernel's pending-file place (worked out once per shell); None outside a kernel or without a
+    connection file."""
+    place = getattr(shell, _PLACE, None)
+    if place is not None:
+        return place
     connection = connection_file(shell)
     if connection is None:
         return None
     key = kernel_key(connection)
-    return KeptFor(key, connection, persist.pending_path(key))
+    place = KeptFor(key, connection, persist.pending_path(key))
+    setattr(shell, _PLACE, place)
+    return place
 
 
 def kept_policy(shell: Any) -> Policy | None:
@@ -56,6 +66,7 @@ def void_on_change(shell: Any) -> Callable[[Any], None] | None:
     place = kept_for(shell)
     if place is None:
         return None
+    said: set[str] = set()  # why voiding failed, once each: an unusable file stays for every later edit
 
     def void(controller: Any) -> None:
         if not os.path.lexists(place.path):
@@ -63,6 +74,8 @@ def void_on_change(shell: Any) -> Callable[[Any], None] | None:
         try:
             persist.void_pending(place.key, controller.policy, place.path.parent, place.connection)
         except (PolicyError, OSError) as err:
-            warn(f"the policy kept for the next start could not be voided: {err}")
+            if str(err) not in said:
+                said.add(str(err))
+                warn(f"the policy kept for the next start could not be voided: {err}")
 
     return void

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import threading
 import time
@@ -67,16 +68,22 @@ def contract() -> dict[str, Any]:
 
 
 def format_of(definition: str) -> str:
-    """The `format` a record of `$defs/<definition>` carries (`tfgpu_magic/gpus/<version>`)."""
+    """The `format` a record of `$defs/<definition>` carries: what the record is, not its version."""
     return contract()["$defs"][definition]["properties"]["format"]["const"]
 
 
 def schema_version() -> int:
-    """The contract's version: the last part of the schema's `$id`, which every `format` ends in."""
-    return int(contract()["$id"].rsplit("/", 1)[1])
+    """The contract's version: `$defs/version`, the one place the schema writes it."""
+    return contract()["$defs"]["version"]["const"]
+
+
+def stamp(definition: str) -> dict[str, Any]:
+    """What every record of `$defs/<definition>` starts with: its `format` and the contract's `version`."""
+    return {"format": format_of(definition), "version": schema_version()}
 
 
 FORMAT = format_of("kernelState")
+STAMP = stamp("kernelState")
 PREFIX = "tfgpu-state-"
 STATE_BYTES = 64 << 10
 """Largest state file the server reads (a real one is under 4 KiB)."""
@@ -90,6 +97,8 @@ JSONSCHEMA_OLDEST = "4.0"
 """The first jsonschema with `Draft202012Validator` (the schema's draft, 2020-12)."""
 MEMORY_SECONDS = 2.0
 """How often TensorFlow's memory figures are read once its runtime is initialized with GPUs."""
+FAILED_TICKS_WAIT = 8
+"""Most `MEMORY_SECONDS` the watch waits after failed ticks in a row (1, 2, 4, then this many)."""
 CELLS_PUBLISHED = 16
 """The last cells a state names (`$defs/kernelState/cells`): more cells than this between two looks of the
 watch (`MEMORY_SECONDS`) lose the oldest, cells too short to carry a sample of the server's anyway."""
@@ -104,7 +113,7 @@ class StateSource(Protocol):
     environ: Any
 
     def state(self) -> RuntimeState: ...
-    def plan(self, state: RuntimeState | None = None) -> Plan: ...
+    def plan(self, state: RuntimeState | None = None, imports: bool = False) -> Plan: ...
     def inventory(self) -> Inventory: ...
     def pending(self, state: RuntimeState | None = None, plan: Plan | None = None) -> list[Pending]: ...
     def other_frameworks(self, plan: Plan | None = None) -> list[FrameworkView]: ...
@@ -191,12 +200,12 @@ def look(source: StateSource, kernel_id: str, keep: bool, memory_api: MemoryAPI 
     from ..tf.memory import memory_rows
 
     state = source.state()
-    plan = source.plan(state)
+    plan = source.plan(state, imports=True)
     pending = source.pending(state, plan)
     rows = memory_rows(source, memory_api, state=state, plan=plan) if state.initialized else []
     views = source.other_frameworks(plan)
     record = {
-        "format": FORMAT,
+        **STAMP,
         "kernel_id": kernel_id,
         "pid": os.getpid(),
         "policy": policy_record(source.policy),
@@ -279,8 +288,10 @@ def check(data: Any, kernel_id: str) -> dict[str, Any]:
     """`data` as a state record of kernel `kernel_id`; `StateInvalid` saying why it is not one."""
     if not isinstance(data, dict):
         raise StateInvalid(f"not a JSON object but {type(data).__name__}")
-    if data.get("format") != FORMAT:
-        raise StateInvalid(f"format {str(data.get('format'))[:80]!r}, not {FORMAT!r}")
+    written = {key: data.get(key) for key in STAMP}
+    if written != STAMP:  # another record, or another version's (whose `format` ended in its version up to 3)
+        raise StateInvalid(f"format {str(written['format'])[:80]!r} version {str(written['version'])[:20]}, "
+                           f"not {FORMAT!r} version {STAMP['version']}: not this tfgpu_magic's state file")
     error = next(iter(_validator().iter_errors(data)), None)
     if error is not None:
         where = "/".join(map(str, error.absolute_path)) or "the record"
@@ -335,6 +346,9 @@ class Publisher:
         self.last: dict[str, Any] | None = None
         self.writes = 0
         self._warned = False
+        self._tick_failed = False
+        self.log: logging.Logger | logging.LoggerAdapter = logging.getLogger(__name__)
+        """Where a failed tick is logged: the kernel's own log once `start_publishing` knows the kernel."""
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self.watching: threading.Thread | None = None
@@ -368,8 +382,10 @@ class Publisher:
                 record = self._look.record
             record = {**record, "cells": [{"execution_count": count, "start": start, "end": end}
                                           for count, start, end in cells]}
-            wrote = record != self.last and self._write(record)
-            self._cells_seen = cells
+            unchanged = record == self.last
+            wrote = not unchanged and self._write(record)
+            if wrote or unchanged:  # a failed write leaves its cells for the next look
+                self._cells_seen = cells
         self.moving = bool(record["tensorflow"]["memory"]) or any(
             framework and framework.get("memory") for framework in record["frameworks"].values())
         if self.moving:
@@ -421,12 +437,20 @@ class Publisher:
                 self.shell_events.unregister(event, callback)
 
     def _watch_loop(self) -> None:
-        while not self._stopped.wait(MEMORY_SECONDS):
+        """A tick every `MEMORY_SECONDS` until `stop`. A failed tick (an NVML hiccup, a state read mid-change)
+        is logged once on the kernel's log, not in a cell's output, and the next tick tries again: ending
+        here would leave the server without this kernel's figures and cells for good. Failures in a row wait
+        longer each time, up to `FAILED_TICKS_WAIT` ticks, so a lasting one costs little."""
+        failures = 0
+        while not self._stopped.wait(MEMORY_SECONDS * min(1 << failures, FAILED_TICKS_WAIT)):
             try:
                 self._tick()
-            except Exception as err:  # a figure that cannot be read stops the watch, never the kernel
-                warn(f"stopped publishing this kernel's memory figures and cells: {err}")
-                return
+                failures = 0
+            except Exception:  # noqa: BLE001 (the watch must outlive what it reads)
+                failures = min(failures + 1, FAILED_TICKS_WAIT.bit_length())
+                self.log.log(logging.DEBUG if self._tick_failed else logging.WARNING,
+                             "tfgpu_magic: publishing this kernel's state failed; trying again", exc_info=True)
+                self._tick_failed = True
 
     def _tick(self) -> bool:
         """A full look where a cell started or ended since the last, or JAX, PyTorch or Keras moved on since
@@ -509,6 +533,7 @@ def start_publishing(shell: Any, source: StateSource, directory: Path | None = N
 
     path = state_path(kernel_id, directory or connection.parent)
     publisher = Publisher(source, kernel_id, path, can_keep(shell), memory_api)
+    publisher.log = getattr(shell.kernel, "log", None) or publisher.log  # the kernel's log: the server's terminal
     source.subscribe(publisher.changed)
     events.subscribe(changed)  # TensorFlow imported or initialized (`tf.initcell` records only after this)
     if hasattr(shell, "events"):

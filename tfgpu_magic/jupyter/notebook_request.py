@@ -236,9 +236,9 @@ def _is_auto(word: str) -> bool:
     return word == "auto" or word.startswith("auto:")
 
 
-_last: tuple[tuple[Any, ...], NotebookRequest] | None = None
-"""The last notebook read by `saved_difference`, by its path and `stat`: a status shown again reads
-an unchanged notebook once."""
+_last: tuple[tuple[Any, ...], tuple[str, ...] | None] | None = None
+"""The last notebook read by `saved_difference`, by its path and `stat`, with its saved policy's lines
+(`saved_lines`): a status shown again reads and parses an unchanged notebook once."""
 
 
 def saved_difference(policy: Policy, env: Mapping[str, str], cwd: str | None) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
@@ -258,13 +258,22 @@ def saved_difference(policy: Policy, env: Mapping[str, str], cwd: str | None) ->
     except OSError:
         return None
     if _last is not None and _last[0] == key:
-        request = _last[1]
+        saved_lines = _last[1]
     else:
-        request = read_request(env, cwd)
-        _last = (key, request)
+        saved_lines = saved_policy_lines(read_request(env, cwd))
+        _last = (key, saved_lines)
+    if saved_lines is None:
+        return None
+    kernel_lines = tuple(policy_lines(policy))
+    return None if saved_lines == kernel_lines else (saved_lines, kernel_lines)
+
+
+def saved_policy_lines(request: NotebookRequest) -> tuple[str, ...] | None:
+    """The policy `request`'s notebook saved, as `policy_lines` writes it (a `visible auto:N` first); None
+    where it saved none or one that cannot be read."""
+    from ..language.directives import policy_lines
+
     if not request.saved or request.refusal is not None:
         return None
     saved, pick = apply_lines(request.lines, Policy())
-    saved_lines = tuple(([f"visible auto:{pick}"] if pick else []) + policy_lines(saved))
-    kernel_lines = tuple(policy_lines(policy))
-    return None if saved_lines == kernel_lines else (saved_lines, kernel_lines)
+    return tuple(([f"visible auto:{pick}"] if pick else []) + policy_lines(saved))

@@ -192,6 +192,18 @@ class TFGPUProvisioner(LocalProvisioner):  # type: ignore[misc]  (jupyter_client
         policy = Policy.from_dict(self.policy) if self.policy else Policy()
         count = auto_count(self.visible) if self.visible else None
         policy, count, refusal = with_request(policy, count, request)
+        policy, warning = self._place_gpus(policy, count, request, refusal, inherited_visible, inherited_order, environ)
+        policy.validate()
+        warning = "; ".join(filter(None, (refusal, warning))) or None
+        self._resolved, self._warning = policy, warning
+        return policy, warning
+
+    def _place_gpus(self, policy: Policy, count: int | None, request: NotebookRequest | None, refusal: str | None,
+                    inherited_visible: str | None, inherited_order: str | None,
+                    environ: Mapping[str, str] | None) -> tuple[Policy, str | None]:
+        """`policy` with the GPUs this launch gets (`count`: N of the `visible auto:N` in force, the
+        notebook's `request` and its `refusal` applied), and a warning for the first cell: here, a pick
+        among this host's GPUs (`resolve`). The Slurm provisioner leaves the GPUs to the job's grant."""
         warning = None
         if count:
             found = read_inventory()
@@ -215,9 +227,6 @@ class TFGPUProvisioner(LocalProvisioner):  # type: ignore[misc]  (jupyter_client
                 policy = policy.edited(visible=None)
             else:
                 policy = policy.edited(visible=self._reservation.gpus, sources=(("visible", self._reservation.why),))
-        policy.validate()
-        warning = "; ".join(filter(None, (refusal, warning))) or None
-        self._resolved, self._warning = policy, warning
         return policy, warning
 
     def _key(self) -> str:

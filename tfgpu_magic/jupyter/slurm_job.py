@@ -28,15 +28,11 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..envvars import SLURM_JOB_ID
+from ..envvars import SLURM_JOB_ID, SLURM_SUBMIT_HOST, TFGPU_MAGIC_SLURM_SUBMITTED
 from ..safefile import read_json, write_atomic
 from .startup import LAUNCH_WARNING_ENV
 
 ADDRESS_FILE = "address.json"
-SUBMITTED_ENV = "TFGPU_MAGIC_SLURM_SUBMITTED"
-"""When the provisioner submitted the job (seconds since the epoch), for the queue note."""
-SUBMIT_HOST_ENV = "SLURM_SUBMIT_HOST"
-"""Where sbatch ran (sbatch(1), OUTPUT ENVIRONMENT VARIABLES)."""
 PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 CONNECTION_BYTES = 64 * 1024
 QUEUE_NOTE_AFTER = 5.0
@@ -45,7 +41,7 @@ QUEUE_NOTE_AFTER = 5.0
 
 def node_address(environ: Mapping[str, str]) -> str:
     """This node's address for the kernel (see the module docstring, step 1)."""
-    submit_host = environ.get(SUBMIT_HOST_ENV)
+    submit_host = environ.get(SLURM_SUBMIT_HOST)
     if submit_host:
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
@@ -96,7 +92,7 @@ def job_connection(info: Mapping[str, Any], ip: str) -> dict[str, Any]:
 def queue_note(environ: Mapping[str, str], now: float) -> str | None:
     """The first cell's line about the queue, or None when the wait was short."""
     try:
-        waited = now - float(environ.get(SUBMITTED_ENV, ""))
+        waited = now - float(environ.get(TFGPU_MAGIC_SLURM_SUBMITTED, ""))
     except ValueError:
         return None
     if waited < QUEUE_NOTE_AFTER:

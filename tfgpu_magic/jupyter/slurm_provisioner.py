@@ -3,10 +3,11 @@
 A kernelspec written by `%tfgpu kernelspec NAME --slurm "ARGS"` names it, with a `config` of `policy`,
 `visible` (`auto:N`: the job's GPU count) and `slurm` (sbatch options, `slurm_args`). Per launch:
 
-- Policy: as `TFGPUProvisioner` (whose `pre_launch` this reuses), except that Slurm, not NVML on the
-  server's host, picks the GPUs: the policy's `visible` is left to the job's grant, and the job asks
-  for N GPUs where the notebook asks for N (`notebook_request`), else the kernelspec's `visible
-  auto:N`, else ARGS' own `--gres`/`--gpus`. The server's host needs neither a GPU nor NVML.
+- Policy: as `TFGPUProvisioner` (whose `resolve` and `pre_launch` this reuses), except that Slurm, not
+  NVML on the server's host, picks the GPUs (`_place_gpus`): the policy's `visible` is left to the
+  job's grant, and the job asks for N GPUs where the notebook asks for N (`notebook_request`), else
+  the kernelspec's `visible auto:N`, else ARGS' own `--gres`/`--gpus`. The server's host needs
+  neither a GPU nor NVML.
 - Submission: `sbatch` with a batch script that runs `slurm_job` and then `exec`s the kernel's argv, so
   the kernel starts inside the job and is its batch step; the job's output goes to a folder beside
   the connection file (`tfgpu-slurm-<kernel id>/`, on the filesystem the nodes share).
@@ -15,7 +16,10 @@ A kernelspec written by `%tfgpu kernelspec NAME --slurm "ARGS"` names it, with a
   Gateway names it). Meanwhile the server log says, at each change and every `LOG_EVERY` seconds, that
   the job is pending and Slurm's reason (`squeue`'s `%r`). After the timeout the job is cancelled and
   the start fails with one line (JupyterLab shows it in its "Error Starting Kernel" dialog).
+  `scontrol` is asked at growing intervals, and its failures are waited out unless they persist
+  (`StateChecks`).
 - Address: the job's address and ports go into the connection info, so the server connects to the node.
+  The ports the server took from jupyter_client's `LocalPortCache` are its own, and only those go back.
 - Lifecycle: `poll` is the job's state (one `scontrol` per `POLL_INTERVAL` at most), an interrupt is
   `scancel --signal=INT --batch`, terminate and kill are `scancel`, `cleanup` cancels whatever is left
   (the server cancels every job when it stops). A job that Slurm ends unasked (scancel, time limit,
@@ -27,6 +31,7 @@ A kernelspec written by `%tfgpu kernelspec NAME --slurm "ARGS"` names it, with a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import os
 import shlex
@@ -37,42 +42,52 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from jupyter_client.connect import LocalPortCache
 from traitlets import Float, List, Unicode
 
 from ..errors import PolicyError
-from ..envvars import CUDA_VISIBLE_DEVICES
+from ..envvars import CUDA_VISIBLE_DEVICES, JPY_PARENT_PID, KERNEL_LAUNCH_TIMEOUT, SLURM_CONF, TFGPU_MAGIC_SLURM_SUBMITTED
 from ..language.policy import Policy
-from ..safefile import private_dir, read_json
+from ..safefile import private_dir, read_json, read_text
 from . import slurm_queue
 from .notebook_request import NotebookRequest
-from .provisioner import TFGPUProvisioner, auto_count, with_request
+from .provisioner import TFGPUProvisioner
 from .slurm_args import parse_slurm_args, with_gpu_count
-from .slurm_job import ADDRESS_FILE, PORT_NAMES, SUBMITTED_ENV
+from .slurm_job import ADDRESS_FILE, PORT_NAMES
 from .slurm_queue import ENDED_BY_SLURM, GONE, JobState, SlurmError
 
 NAME = "tfgpu-slurm-provisioner"
-LAUNCH_TIMEOUT_ENV = "KERNEL_LAUNCH_TIMEOUT"
-"""Enterprise Gateway's name for the seconds a kernel may take to start."""
 POLL_INTERVAL = 1.0
 """Seconds between two `scontrol` calls for one kernel (the restarter and shutdowns poll more often)."""
+CHECK_FIRST = 0.2
+CHECK_GROWTH = 1.5
+CHECK_LAST = 2.0
+"""Seconds between two `scontrol` calls while a kernel starts (`StateChecks`)."""
+ERRORS_TOLERATED = 3
+ERROR_GRACE = 10.0
+"""`scontrol` failures a start waits out (`StateChecks`): more than `ERRORS_TOLERATED` in a row that
+span `ERROR_GRACE` seconds or more fail it."""
 LOG_EVERY = 10.0
 """Seconds between two "still pending" lines in the server log."""
 STOP_TIMEOUT = 15.0
 """Seconds `cleanup` waits for a cancelled job to leave the queue."""
 DROPPED_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
-KEPT = ("SLURM_CONF",)
+KEPT = (SLURM_CONF,)
 """The job's environment leaves out the submitting process's own job settings (a server that itself
 runs in a job), its GPU grant (Slurm sets the job's) and its parent pid (ipykernel would watch a pid of
 another host); `SLURM_CONF` stays: it names the cluster."""
 INFO_KEY = "slurm"
 ADDRESS_BYTES = 4096
+OUTPUT_BYTES = 256 * 1024
+"""Largest job output quoted when a job ends before its kernel starts (what a job prints before its
+kernel runs is a few lines; a larger file is named, not read)."""
 FOLDER_PREFIX = "tfgpu-slurm-"
 
 
 def job_environment(env: Mapping[str, str]) -> dict[str, str]:
     """The launch environment `env` as a job should get it (see `KEPT`)."""
     return {name: value for name, value in env.items()
-            if name in KEPT or not (name.startswith(DROPPED_PREFIXES) or name in (CUDA_VISIBLE_DEVICES, "JPY_PARENT_PID"))}
+            if name in KEPT or not (name.startswith(DROPPED_PREFIXES) or name in (CUDA_VISIBLE_DEVICES, JPY_PARENT_PID))}
 
 
 def batch_script(connection_file: str, folder: Path, cmd: list[str]) -> str:
@@ -101,15 +116,14 @@ def read_address(folder: Path, job_id: str) -> dict[str, Any] | None:
 
 
 def output_tail(folder: Path, job_id: str, lines: int = 5) -> str:
-    """The last lines of the job's output, for an error message."""
-    path = folder / f"job-{job_id}.out"
+    """The last lines of the job's output, for an error message: read as a hostile file (`safefile`: a
+    regular file of at most `OUTPUT_BYTES`, never a FIFO or a device that would block or never end);
+    otherwise the one line saying why. It blocks on the filesystem: call it off the event loop."""
     try:
-        with open(path, "rb") as handle:
-            handle.seek(max(0, os.fstat(handle.fileno()).st_size - 4096))
-            text = handle.read().decode(errors="replace")
-    except OSError:
-        return ""
-    return " | ".join(line.strip() for line in text.splitlines()[-lines:] if line.strip())
+        text = read_text(folder / f"job-{job_id}.out", OUTPUT_BYTES) or ""
+    except PolicyError as err:
+        return str(err)
+    return " | ".join([line.strip() for line in text.splitlines() if line.strip()][-lines:])
 
 
 def launch_error(err: Exception) -> Exception:
@@ -120,6 +134,41 @@ def launch_error(err: Exception) -> Exception:
     from tornado.web import HTTPError
 
     return HTTPError(500, f"{NAME}: {err}".replace("%", " percent "))
+
+
+@dataclasses.dataclass
+class StateChecks:
+    """A starting job's state as `scontrol` last told it, and when to ask again: `CHECK_FIRST` seconds
+    after a new state, then `CHECK_GROWTH` times longer after each answer that says nothing new, up to
+    `CHECK_LAST`. A failed `scontrol` (slurmctld busy or restarting) is tolerated until more than
+    `ERRORS_TOLERATED` in a row have spanned `ERROR_GRACE` seconds: then it is the start's `SlurmError`."""
+
+    job_id: str
+    due: float
+    """When to ask next (`time.monotonic()`)."""
+    state: JobState | None = None
+    delay: float = CHECK_FIRST
+    failures: int = 0
+    failing_since: float = 0.0
+
+    async def ask(self) -> SlurmError | None:
+        """Ask `scontrol` once; the failure, if it is one still tolerated."""
+        asked, failure = time.monotonic(), None
+        try:
+            fresh = await slurm_queue.job_state(self.job_id)
+        except SlurmError as err:
+            self.failures, self.failing_since = self.failures + 1, self.failing_since if self.failures else asked
+            failing_for = time.monotonic() - self.failing_since
+            if self.failures > ERRORS_TOLERATED and failing_for >= ERROR_GRACE:
+                raise SlurmError(f"{err} ({self.failures} times in a row over {failing_for:.0f} s)") from None
+            fresh, failure = None, err
+        else:
+            self.failures = 0
+        new = fresh is not None and (self.state is None or fresh.state != self.state.state)
+        self.delay = CHECK_FIRST if new else min(self.delay * CHECK_GROWTH, CHECK_LAST)
+        self.state = fresh if fresh is not None else self.state
+        self.due = time.monotonic() + self.delay
+        return failure
 
 
 class SlurmProvisioner(TFGPUProvisioner):  # type: ignore[misc]  (jupyter_client is untyped)
@@ -139,45 +188,54 @@ class SlurmProvisioner(TFGPUProvisioner):  # type: ignore[misc]  (jupyter_client
     _checked: JobState | None = None
     _checked_at: float = 0.0
     _server_ip: str | None = None
+    _cached_ports: tuple[int, ...] = ()
+    """The ports `pre_launch` took from `LocalPortCache` (the server's, not the job's)."""
 
     @property
     def has_process(self) -> bool:
         return self._job_id is not None
 
     # ----- the policy ------------------------------------------------------------------------------
-    def resolve(self, inherited_visible: str | None = None, inherited_order: str | None = None,
-                request: NotebookRequest | None = None,
-                environ: Mapping[str, str] | None = None) -> tuple[Policy, str | None]:
-        """The policy in force for this launch without its `visible` (the job's grant decides), and a
-        warning for the first cell; the job's GPU count in `_job_gpus` (see the module docstring)."""
-        if self._resolved is not None:
-            return self._resolved, self._warning
-        parse_slurm_args(" ".join(shlex.quote(arg) for arg in self.slurm))  # a hand-edited spec: PolicyError
-        policy = Policy.from_dict(self.policy) if self.policy else Policy()
-        count = auto_count(self.visible) if self.visible else None
-        policy, count, refusal = with_request(policy, count, request)
+    def _place_gpus(self, policy: Policy, count: int | None, request: NotebookRequest | None, refusal: str | None,
+                    inherited_visible: str | None, inherited_order: str | None,
+                    environ: Mapping[str, str] | None) -> tuple[Policy, str | None]:
+        """`TFGPUProvisioner.resolve`'s GPU step: Slurm, not this host, places the GPUs. The policy leaves
+        `visible` to the job's grant; the job's GPU count goes to `_job_gpus` (see the module docstring).
+        A kernelspec's options edited by hand that do not pass are a `PolicyError` here."""
+        parse_slurm_args(" ".join(shlex.quote(arg) for arg in self.slurm))
         if refusal is None and request is not None and request.gpu_count is not None:
             count = request.gpu_count
         self._job_gpus = count
-        policy = policy.edited(visible=None, sources=tuple(s for s in policy.sources if s[0] != "visible"))
-        policy.validate()
-        self._resolved, self._warning = policy, refusal
-        return policy, refusal
+        return policy.edited(visible=None, sources=tuple(s for s in policy.sources if s[0] != "visible")), None
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         """Perform any steps in preparation for kernel process launch: `TFGPUProvisioner`'s (the
         connection file, the policy into the environment) on the job's environment (`job_environment`).
-        A restart starts from this host's own address again (the previous job's node is not local)."""
+        A restart starts from this host's own address again (the previous job's node is not local).
+        The ports `LocalProvisioner` takes from jupyter_client's `LocalPortCache` are noted here: the
+        connection info holds the job's ports once it runs, and only the noted ones go back (`cleanup`)."""
         kwargs["env"] = job_environment(kwargs.get("env") or os.environ)
         manager = self.parent
         if manager is not None:
             if self._server_ip is None:
                 self._server_ip = manager.ip
             manager.ip = self._server_ip
+        taking = not self.ports_cached
         try:
-            return await super().pre_launch(**kwargs)
+            kwargs = await super().pre_launch(**kwargs)
         except PolicyError as err:  # a kernelspec edited by hand: its policy or options do not pass
             raise launch_error(err) from None
+        if taking and self.ports_cached:
+            self._cached_ports = tuple(self.connection_info[name] for name in PORT_NAMES)
+        return kwargs
+
+    def _return_ports(self) -> None:
+        """Return the ports this server took from the `LocalPortCache` (`pre_launch`), once; never the
+        job's (its node's ports, which may be ports the cache holds for other kernels of this host)."""
+        cache = LocalPortCache.instance()
+        for port in self._cached_ports:
+            cache.return_port(port)
+        self._cached_ports = ()
 
     # ----- the job ---------------------------------------------------------------------------------
     def _folder(self) -> Path:
@@ -186,7 +244,7 @@ class SlurmProvisioner(TFGPUProvisioner):  # type: ignore[misc]  (jupyter_client
 
     def _timeout(self, env: Mapping[str, str]) -> float:
         try:
-            return float(env[LAUNCH_TIMEOUT_ENV])
+            return float(env[KERNEL_LAUNCH_TIMEOUT])
         except (KeyError, ValueError):
             return float(self.launch_timeout)
 
@@ -197,8 +255,9 @@ class SlurmProvisioner(TFGPUProvisioner):  # type: ignore[misc]  (jupyter_client
             self.log.warning("%s: kernel %s stays dead (%s): no new job", NAME, self.kernel_id, self._ended)
             self._exit = 1
             self._job_id = self._submitted or "0"
-            # the server drops a dead kernel without `cleanup`: the job's folder goes now
+            # the server drops a dead kernel without `cleanup`: the job's folder and the ports go now
             shutil.rmtree(self._folder(), ignore_errors=True)
+            self._return_ports()
             return self.connection_info
         env = dict(kwargs.get("env") or os.environ)
         folder = self._folder()
@@ -209,7 +268,7 @@ class SlurmProvisioner(TFGPUProvisioner):  # type: ignore[misc]  (jupyter_client
             args = with_gpu_count(args, self._job_gpus)
         options = [f"--job-name=jupyter-kernel-{str(self.kernel_id)[:8]}", f"--output={folder}/job-%j.out",
                    f"--chdir={kwargs.get('cwd') or os.getcwd()}", *args]
-        env[SUBMITTED_ENV] = f"{time.time():.3f}"
+        env[TFGPU_MAGIC_SLURM_SUBMITTED] = f"{time.time():.3f}"
         connection_file = str(Path(self.parent.connection_file).resolve())
         try:
             job_id = await slurm_queue.submit(options, batch_script(connection_file, folder, cmd), env)
@@ -239,29 +298,38 @@ class SlurmProvisioner(TFGPUProvisioner):  # type: ignore[misc]  (jupyter_client
 
     async def _await_start(self, folder: Path, job_id: str, timeout: float) -> dict[str, Any]:
         """The job's address once written; the server log hears of the queue meanwhile. `SlurmError`
-        where the job ends first or does not start within `timeout` seconds."""
+        where the job ends first, does not start within `timeout` seconds, or `scontrol` keeps failing
+        (`StateChecks`). The address file is read every `CHECK_FIRST` seconds whatever `scontrol` last
+        said (a local read, where `scontrol` asks slurmctld), so the start is seen as soon as the job
+        has written it, even while `scontrol` is asked only every `CHECK_LAST` seconds."""
         began = time.monotonic()
         said, said_at = None, began
+        checks = StateChecks(job_id, began)
         while True:
             address = await asyncio.to_thread(read_address, folder, job_id)
             if address is not None:
                 return address
-            state = await slurm_queue.job_state(job_id)
-            waited = time.monotonic() - began
-            if not state.alive:
-                tail = output_tail(folder, job_id)
+            if time.monotonic() >= checks.due:
+                failure = await checks.ask()
+                if failure is not None:
+                    self.log.warning("%s: kernel %s: %s; asking again", NAME, self.kernel_id, failure)
+            state, waited = checks.state, time.monotonic() - began
+            if state is not None and not state.alive:
+                tail = await asyncio.to_thread(output_tail, folder, job_id)
                 raise SlurmError(f"Slurm job {job_id} ended before its kernel started ({state.state}, reason "
                                  f"{state.reason}, exit {state.exit_code})" + (f": {tail}" if tail else ""))
             if waited > timeout:
-                raise SlurmError(f"Slurm job {job_id} did not start its kernel within {timeout:.0f} s "
-                                 f"({state.state}, reason {state.reason}); cancelled it. Allow more time with "
-                                 f"the kernelspec's launch_timeout or {LAUNCH_TIMEOUT_ENV}")
-            quiet = state.reason == "None" and waited < LOG_EVERY  # the scheduler's first pass is yet to come
-            if not state.running and not quiet and (state.reason != said or time.monotonic() - said_at >= LOG_EVERY):
-                self.log.info("%s: kernel %s waits in Slurm's queue: job %s is %s (reason %s) after %.0f s",
-                              NAME, self.kernel_id, job_id, state.state, state.reason, waited)
-                said, said_at = state.reason, time.monotonic()
-            await asyncio.sleep(0.2 if state.running else POLL_INTERVAL)
+                where = f"{state.state}, reason {state.reason}" if state is not None else "its state unknown"
+                raise SlurmError(f"Slurm job {job_id} did not start its kernel within {timeout:.0f} s ({where}); "
+                                 f"cancelled it. Allow more time with the kernelspec's launch_timeout or "
+                                 f"{KERNEL_LAUNCH_TIMEOUT}")
+            if state is not None and not state.running:
+                quiet = state.reason == "None" and waited < LOG_EVERY  # the scheduler's first pass is yet to come
+                if not quiet and (state.reason != said or time.monotonic() - said_at >= LOG_EVERY):
+                    self.log.info("%s: kernel %s waits in Slurm's queue: job %s is %s (reason %s) after %.0f s",
+                                  NAME, self.kernel_id, job_id, state.state, state.reason, waited)
+                    said, said_at = state.reason, time.monotonic()
+            await asyncio.sleep(CHECK_FIRST)
 
     async def _cancel_and_wait(self, job_id: str, timeout: float = STOP_TIMEOUT) -> None:
         """Cancel `job_id` and wait (up to `timeout`) until it has left the queue."""
@@ -345,7 +413,12 @@ class SlurmProvisioner(TFGPUProvisioner):  # type: ignore[misc]  (jupyter_client
 
     async def cleanup(self, restart: bool = False) -> None:
         """Clean up the resources used by the provisioner: unless the kernel restarts, its job is
-        cancelled (if anything of it is left) and its folder removed."""
+        cancelled (if anything of it is left), its folder removed and the server's cached ports
+        returned (`_return_ports`: `LocalProvisioner.cleanup` would return the connection info's, the
+        job's)."""
+        if not restart:
+            self._return_ports()
+            self.ports_cached = False  # the base's cleanup then returns none itself
         await super().cleanup(restart=restart)
         if restart:
             return

@@ -59,10 +59,23 @@ async def run(args: list[str], env: Mapping[str, str] | None = None, stdin: str 
     try:
         out, err = await asyncio.wait_for(process.communicate(None if stdin is None else stdin.encode()), timeout)
     except asyncio.TimeoutError:
-        process.kill()
-        await process.wait()
+        await end(process)
         raise SlurmError(f"{args[0]} did not answer within {timeout:.0f} s") from None
+    except BaseException:  # the caller was cancelled (a timeout around it, a server stopping): no child lives on
+        await end(process)
+        raise
     return process.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+async def end(process: asyncio.subprocess.Process) -> None:
+    """Kill `process` (if it still runs) and reap it. The reaping is shielded: a second cancellation
+    of the caller stops only its wait, and asyncio's child watcher still reaps the child."""
+    if process.returncode is None:
+        try:
+            process.kill()
+        except ProcessLookupError:  # it ended meanwhile
+            pass
+    await asyncio.shield(process.wait())
 
 
 def one_line(text: str) -> str:

@@ -32,9 +32,9 @@ from ..jupyter.sessions import KernelSession, server_sessions
 from ..language.policy import is_index
 from ..envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES
 
-GPUS_FORMAT = kernelstate.format_of("gpusReply")
-KERNEL_FORMAT = kernelstate.format_of("kernelReply")
-KEEP_FORMAT = kernelstate.format_of("keepReply")
+GPUS_STAMP = kernelstate.stamp("gpusReply")
+KERNEL_STAMP = kernelstate.stamp("kernelReply")
+KEEP_STAMP = kernelstate.stamp("keepReply")
 
 
 @dataclass(frozen=True)
@@ -260,7 +260,7 @@ def gpus_reply(machine: Machine, kernels: dict[str, KernelProcess], others: dict
                 rows.append({"pid": kernel.pid or 0, "gpu_memory": figures[gpu.index], "memory_source": "tensorflow",
                              "mine": True, "user": my_name, "kernel": kernel_ref(kernel, sessions.get(kernel_id), now)})
         gpus.append(_card(gpu, gpu.index in granted) | {"processes": rows})
-    return {"format": GPUS_FORMAT, "gpus": gpus, "gpu_status": gpu_status(machine)}
+    return {**GPUS_STAMP, "gpus": gpus, "gpu_status": gpu_status(machine)}
 
 
 def _card(gpu: Gpu, granted: bool) -> dict[str, Any]:
@@ -299,7 +299,7 @@ def kernel_reply(kernel: KernelProcess, machine: Machine, session: KernelSession
     known = machine.inventory is not None and machine.inventory.error is None
     error = {"code": kernel.invalid_code, "message": kernel.invalid[:1000]} if kernel.invalid else None
     return {
-        "format": KERNEL_FORMAT,
+        **KERNEL_STAMP,
         "kernel": kernel_ref(kernel, session, now),
         "pid": kernel.pid,
         "published": state is not None,

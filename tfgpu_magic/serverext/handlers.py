@@ -39,7 +39,7 @@ from ..gpus import processes
 from ..gpus.inventory import Inventory, read_inventory
 from ..jupyter import kernelstate, persist
 from ..jupyter.sessions import KernelSession
-from .gather import (KEEP_FORMAT, KernelProcess, Machine, Owner, TensorFlowSeen, gpus_reply, kernel_reply,
+from .gather import (KEEP_STAMP, KernelProcess, Machine, Owner, TensorFlowSeen, gpus_reply, kernel_reply,
                      memory_figures, own_sessions, owners, read_kernel, read_kernels, server_grant)
 from .history import SAMPLE_SECONDS, SAMPLES, History
 
@@ -283,7 +283,7 @@ class TFGPUHandler(APIHandler):
 
     def same_version(self) -> None:
         """409 `version_mismatch` where the client says it speaks another version of the schema (a
-        client that says nothing is answered: it compares a reply's `format` itself)."""
+        client that says nothing is answered: it compares a reply's `format` and `version` itself)."""
         given = self.request.headers.get(kernelstate.contract()["x-version-header"])
         ours = kernelstate.schema_version()
         if given is not None and given.strip() != str(ours):
@@ -360,7 +360,7 @@ class KeepHandler(TFGPUHandler):
         if kernel.invalid is not None:
             raise ReplyError(409, kernel.invalid_code, f"kernel {kernel_id}'s state file is not usable: {kernel.invalid}")
         if kernel.state is None or not kernel.state["keep"]:
-            self.reply({"format": KEEP_FORMAT, "kept": False}, started)
+            self.reply({**KEEP_STAMP, "kept": False}, started)
             return
         try:  # a state the schema accepts may hold a policy its rules refuse: a conflict, like a file refused
             policy = kernelstate.policy_from_record(kernel.state["policy"])
@@ -370,7 +370,7 @@ class KeepHandler(TFGPUHandler):
             await in_daemon_thread(persist.store_pending, kernel_id, policy, connection, connection.parent)
         except (OSError, PolicyError) as err:
             raise ReplyError(409, KEEP_FAILED, f"the policy could not be kept: {err}") from None
-        self.reply({"format": KEEP_FORMAT, "kept": True}, started)
+        self.reply({**KEEP_STAMP, "kept": True}, started)
 
 
 def setup_handlers(serverapp: Any) -> None:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Literal, NamedTuple, Protocol, Sequence
 from ..envvars import TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR
 from ..errors import PolicyError, short_error
 from ..plan import Note, Plan, note
-from .runtime import (ASYNC_ALLOCATOR, LOCKED_MARKER, NO_TENSORFLOW, Logical, RuntimeState,
+from .runtime import (ASYNC_ALLOCATOR, LOCKED_MARKER, Logical, RuntimeState,
                       logical_entries, record_devices_created, runtime_state)
 
 class ConfigAPI(Protocol):
@@ -61,6 +61,13 @@ class Route(NamedTuple):
     keyword: str
     fill_default: bool
     gpus_created: Callable[[Any, tuple], bool]
+
+
+NO_TENSORFLOW = ("TensorFlow is not installed in this Python ({python}): pip install tensorflow "
+                 "(on a GPU machine: pip install 'tensorflow[and-cuda]')")
+"""The one line a call that needs TensorFlow itself gives where it cannot be imported: a `PolicyError`'s
+text, like every other, worded where it is raised, since a script's `configure()` or `session_config()`
+shows `str(err)` with no view in between."""
 
 
 class TensorFlowConfig:

@@ -9,10 +9,10 @@ the views gave `oom.settings` (`views.hookup`), since this room renders nothing.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from . import cellmemory, events, initcell, oom
-from .memory import peaks_per_cell
 from .memory import MemorySource
 from .runtime import current_shell
 
@@ -23,5 +23,5 @@ def on_tensorflow_import(controller: MemorySource, shell: Any = None) -> None:
         return
     initcell.watch_initialization(shell)
     cellmemory.record_cells(shell)
-    oom.install(shell, controller, peak_from_cell=lambda: peaks_per_cell(shell) or cellmemory.recording(shell))
+    oom.install(shell, controller, peak_from_cell=partial(cellmemory.peaks_per_cell, shell))
     events.changed()  # TensorFlow imported: a published state says so

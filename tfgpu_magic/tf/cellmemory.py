@@ -11,7 +11,8 @@ once initialized, `get_memory_info` twice and `reset_memory_stats` once per logi
 GPU in TensorFlow's runtime (a CPU build or no card) the pair unregisters itself: no hook stays.
 
 Side effect, said in docs/labextension.md: the peak TensorFlow reports (`get_memory_info(...)["peak"]`)
-starts afresh before each cell, as under `%tfgpu watch on`.
+starts afresh before each cell. `%tfgpu watch on` reads that same peak: it leaves the reset to the recorder
+while the recorder resets (`resets_peaks`), so a cell pays one reset per logical GPU, not two.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from .memory import MemoryAPI, TensorFlowMemory
 CELLS_KEPT = 500
 """Cells whose figures are kept (the oldest go first): a few KiB."""
 _ATTRIBUTE = "_tfgpu_cell_memory"
+_WATCH_RESETS = "_tfgpu_cell_peaks"
+"""The shell attribute that says `%tfgpu watch` is on, resetting the peaks where the recorder does not."""
 
 
 class DeviceFigures(NamedTuple):
@@ -117,6 +120,15 @@ class CellRecorder:
     def recording(self) -> bool:
         return self.pre in self.shell.events.callbacks["pre_run_cell"]
 
+    def resets_peaks(self) -> bool:
+        """Whether this recorder starts each logical GPU's peak afresh before this cell (running, its GPUs
+        known): `%tfgpu watch` then leaves the reset to it. Asked once the runtime is initialized."""
+        try:
+            return self.recording and bool(self._devices())
+        except Exception:  # noqa: BLE001 (as in `pre`)
+            self.stop()
+            return False
+
 
 def record_cells(shell: Any, api: MemoryAPI | None = None, clock: Callable[[], float] = time.time) -> CellRecorder | None:
     """Start recording each cell's memory on `shell` (idempotent: the running recorder); None without
@@ -139,6 +151,15 @@ def recording(shell: Any) -> bool:
     """Whether `shell`'s recorder runs, so TensorFlow's peaks start afresh before each cell."""
     found = recorder(shell)
     return found is not None and found.recording
+
+
+def peaks_per_cell(shell: Any, on: bool | None = None) -> bool:
+    """Whether the peaks start afresh before each cell of `shell` (what an OOM note says of the peak): the
+    recorder on the shell now resets them while it runs, `%tfgpu watch` where it does not (`on`: the watch
+    is on or off)."""
+    if on is not None:
+        setattr(shell, _WATCH_RESETS, on)
+    return bool(getattr(shell, _WATCH_RESETS, False)) or recording(shell)
 
 
 class CardCell(NamedTuple):

@@ -21,24 +21,15 @@ from .runtime import call_at_initialization, where
 LINE_CHARS = 40
 """How much of the cell's first line the record keeps."""
 
-OUTSIDE = "outside a cell (a startup file, an extension, a silent request such as a variable inspector's, or another thread)"
 
 class InitRecord(NamedTuple):
     """Where the runtime was initialized: in cell In [`execution_count`] by `line`; outside any cell
-    (`execution_count`: the next cell's, where known); or before the watch began (`line`: `where()`)."""
+    (`execution_count`: the next cell's, where known); or before the watch began (`line`: `where()`).
+    `views.tfstate.init_text` words it."""
 
     where: Literal["cell", "outside_cell", "before_watch"]
     execution_count: int | None = None
     line: str | None = None
-
-    @property
-    def text(self) -> str:
-        """Worded to follow "initialized ": `by In [7]: `model.fit(x, y, ...``."""
-        if self.where == "cell":
-            return f"by In [{self.execution_count}]: `{self.line}`"
-        if self.where == "outside_cell":
-            return f"{OUTSIDE}, before In [{self.execution_count}]" if self.execution_count else OUTSIDE
-        return f"before tfgpu_magic could watch ({self.line})"
 
 
 _record: InitRecord | None = None
@@ -47,19 +38,6 @@ _record: InitRecord | None = None
 def initialized_record() -> InitRecord | None:
     """Where the runtime was initialized; None while unknown (not initialized yet, or never watched)."""
     return _record
-
-
-def initialized_by() -> str | None:
-    """`initialized_record()` worded to follow "initialized " (`InitRecord.text`); None while unknown."""
-    return None if _record is None else _record.text
-
-
-def label(state_label: str) -> str:
-    """`RuntimeState.label` with the record in it: "initialized by In [7]: `...`: device settings are
-    locked ..." (unchanged while unknown)."""
-    if _record is None or not state_label.startswith("initialized:"):
-        return state_label
-    return f"initialized {_record.text}:" + state_label.removeprefix("initialized:")
 
 
 def first_line(cell: str) -> str:

@@ -25,17 +25,6 @@ from .runtime import ASYNC_ALLOCATOR, RuntimeState, eager_flags
 if TYPE_CHECKING:
     from ..language.grammar import GpuCatalog
 
-PEAKS_ATTRIBUTE = "_tfgpu_cell_peaks"
-"""The shell attribute that says the peaks start afresh before each cell (read and set only here)."""
-
-
-def peaks_per_cell(shell: Any, on: bool | None = None) -> bool:
-    """Whether something (`%tfgpu watch`) resets the peaks before each cell of `shell`; `on` sets it."""
-    if on is not None:
-        setattr(shell, PEAKS_ATTRIBUTE, on)
-    return bool(getattr(shell, PEAKS_ATTRIBUTE, False))
-
-
 class MemorySource(Protocol):
     """What the figures read of the controller (`tfgpu_magic.controller.Controller`): the `tf` room
     sits below the controller, so it names the controller's surface instead of importing it."""

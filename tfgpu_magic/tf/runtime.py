@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import sys
 from types import FrameType
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Literal, NamedTuple, Sequence
 
 from ..errors import warn
 from ..gpus.inventory import driver_present
@@ -24,15 +24,13 @@ LOCKED_MARKER = "cannot be modified after"
 
 ASYNC_ALLOCATOR = ALLOCATORS["async"]
 
-NO_TENSORFLOW = ("TensorFlow is not installed in this Python ({python}): pip install tensorflow "
-                 "(on a GPU machine: pip install 'tensorflow[and-cuda]')")
-"""The one line a call that needs TensorFlow itself gives where it cannot be imported."""
-
 WRAPPED = "__tfgpu_original__"
 """Attribute on our wrappers holding the TensorFlow function they replace (idempotent, reversible)."""
 
-NO_GPU = "TensorFlow sees no GPU in this process (`%tfgpu doctor` says why)"
-NO_GPU_NOTE = f"{NO_GPU}: the policy's GPU settings have nothing to apply to here"
+CudaSign = Literal["libcuda", "nvml"]
+"""What shows that CUDA started in this process (`RuntimeState.cuda_elsewhere`; `views.tfstate.CUDA_SIGNS`)."""
+Stage = Literal["not_imported", "imported", "devices_created", "initialized"]
+"""Where TensorFlow is in its life, as the views word it (`RuntimeState.stage`; `views.tfstate.STAGES`)."""
 
 
 class RuntimeState(NamedTuple):
@@ -46,9 +44,9 @@ class RuntimeState(NamedTuple):
     devices_created: str | None = None
     """Which route created GPU devices outside the eager context (e.g. "`device_lib.list_local_devices()`
     in In [3]"): the GPU allocators are fixed from then on, though `tf.config` still accepts changes."""
-    cuda_elsewhere: str | None = None
-    """Why CUDA looks started in this process before TensorFlow listed devices (another library,
-    or a route above): `CUDA_*` variables no longer take effect."""
+    cuda_elsewhere: CudaSign | None = None
+    """What shows CUDA started in this process before TensorFlow listed devices (another library did
+    it): `CUDA_*` variables no longer take effect."""
     jax_started: bool = False
     """JAX's backends have started: its `XLA_*` variables were read (`frameworks.jax`)."""
     torch_cuda: bool = False
@@ -79,18 +77,20 @@ class RuntimeState(NamedTuple):
         }[moment]
 
     @property
-    def label(self) -> str:
+    def stage(self) -> Stage:
+        """The furthest point of TensorFlow's life reached: initialized, else GPU devices created by a
+        route, else imported or not."""
         if self.initialized:
-            return "initialized: device settings are locked until restart"
+            return "initialized"
         if self.devices_created is not None:
-            return f"GPU devices created by {self.devices_created}: memory settings are fixed until restart"
-        if not self.imported:
-            base = "not imported"
-        else:
-            base = "imported, runtime not initialized: settings can still change"
-        if self.cuda_elsewhere is not None and not self.devices_listed:
-            return f"{base}, but CUDA already started ({self.cuda_elsewhere}): CUDA_* changes no longer take effect"
-        return base
+            return "devices_created"
+        return "imported" if self.imported else "not_imported"
+
+    @property
+    def cuda_started_first(self) -> bool:
+        """CUDA started before TensorFlow listed its devices (`cuda_elsewhere` says why): its `CUDA_*`
+        variables no longer take effect, though TensorFlow's own settings still may."""
+        return self.cuda_elsewhere is not None and not self.devices_listed
 
 
 def too_late(name: str, state: RuntimeState, ignoring: tuple[str, ...] = ()) -> str | None:
@@ -139,15 +139,16 @@ def where() -> str:
 CUDA_DRIVER_LIBRARY = b"/libcuda.so"
 """The CUDA driver library, as the maps name it: it is loaded when CUDA starts (cuInit reads `CUDA_*` then)."""
 PROC_MAPS = "/proc/self/maps"
-LIBCUDA_LOADED = "libcuda is loaded in this process"
-NVML_LISTS_SELF = "NVML lists this process on a GPU"
-"""The two reasons `RuntimeState.cuda_elsewhere` gives (the second is the controller's, from NVML)."""
+LIBCUDA_LOADED: CudaSign = "libcuda"
+"""libcuda is loaded in this process (`cuda_loaded`)."""
+NVML_LISTS_SELF: CudaSign = "nvml"
+"""NVML lists this process on a GPU (the controller's sign)."""
 _libcuda_seen = False
 """Set once libcuda was seen in this process's maps: CUDA's driver library is never unloaded."""
 
 
-def cuda_loaded(maps: str = PROC_MAPS, driver: Callable[[], bool] = driver_present) -> str | None:
-    """Why CUDA looks started in this process (the driver library is mapped), None if it does not.
+def cuda_loaded(maps: str = PROC_MAPS, driver: Callable[[], bool] = driver_present) -> CudaSign | None:
+    """`LIBCUDA_LOADED` where CUDA looks started in this process (the driver library is mapped), None if not.
 
     Read, not run (no GPU here): TensorFlow, PyTorch, JAX and CuPy load libcuda when CUDA starts,
     not at import (TF: `GpuDriver::Init` in stream_executor/cuda/cuda_driver.cc via the dso loader).

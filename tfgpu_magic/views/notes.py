@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from ..language.directives import gpu_name
 from ..plan import Note
-from ..tf.runtime import NO_GPU_NOTE
+
+NO_GPU = "TensorFlow sees no GPU in this process (`%tfgpu doctor` says why)"
+"""The start of the lines on GPU settings with no GPU to apply to (the `no_gpu` note, an edit's message)."""
 
 NOTES = {
     "growth_env_caps": "growth goes through {variable}=true: TF refuses set_memory_growth on a limited GPU",
@@ -23,7 +25,7 @@ NOTES = {
     "jax_one_fraction": "JAX takes one memory fraction for every GPU: {fraction:g}, the smallest of the cards' "
                         "shares, so that no card gets more than its limit",
     "jax_split_fraction": "JAX has no virtual devices: a split reaches it as one memory fraction, its parts' sum",
-    "no_gpu": NO_GPU_NOTE,
+    "no_gpu": f"{NO_GPU}: the policy's GPU settings have nothing to apply to here",
     "missing_gpus": "TensorFlow sees {seen} GPU(s); no {missing} to configure",
 }
 """The words of each `plan.Note` (`plan.NoteCode`), its fields filled in by `note_text`."""

@@ -24,6 +24,7 @@ from ..language.directives import LOGLEVEL_OFF
 from ..language.grammar import Edit, default_edit
 from ..language.policy import LOGLEVELS
 from ..language.words import ALLOCATORS
+from ..tf.initcell import initialized_record
 from ..language.sizes import directive_size, gib_pair, mib_count, mib_text, split_size
 from .confirm import whole_layout
 from .results import badge, state_label_html, text_html
@@ -311,7 +312,7 @@ class Panel:
         self.header.value = self._header_html(state)
 
     def _header_html(self, state: Any) -> str:
-        lines = [f"<b>tfgpu</b> · TensorFlow: {state_label_html(state)}"]
+        lines = [f"<b>tfgpu</b> · TensorFlow: {state_label_html(state, initialized_record())}"]
         if state.gpu_memory_fixed:
             reason = LOCKED_REASON if state.initialized else "GPU memory settings wait for Restart kernel and apply"
             lines.append(f"{badge('locked')} {reason}")

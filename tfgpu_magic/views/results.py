@@ -15,16 +15,17 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..gpus.cudaenv import Grant
 from ..gpus.inventory import Inventory
-from ..tf import initcell
 from ..language.policy import short_uuid
 from ..language.sizes import gib_pair, mib_text
 from . import percell
 from .percell import CardCells
 from .status import StatusSnapshot, kept_text, no_gpus_text, outside_grant, shown_variable, status_text
+from .tfstate import state_text
 
 if TYPE_CHECKING:
     from ..doctor import Check
     from ..selftest.report import Row
+    from ..tf.initcell import InitRecord
     from ..tf.runtime import RuntimeState
 
 OK_COLOR = "var(--jp-success-color1, #388e3c)"
@@ -113,15 +114,16 @@ def badge(text: str) -> str:
     return f"<span style='{LOCK_BADGE}'>{html.escape(text)}</span>"
 
 
-def state_label_html(state: RuntimeState) -> str:
-    """TensorFlow's state in colour: orange once GPU memory settings are fixed."""
+def state_label_html(state: RuntimeState, record: InitRecord | None) -> str:
+    """TensorFlow's state in colour (`record`: where it was initialized): orange once GPU memory settings
+    are fixed."""
     color = WARN_COLOR if state.gpu_memory_fixed else OK_COLOR
-    return f"<span style='color:{color}'>{text_html(initcell.label(state.label))}</span>"
+    return f"<span style='color:{color}'>{text_html(state_text(state, record))}</span>"
 
 
 def state_html(snap: StatusSnapshot) -> str:
     """`state_label_html`, with the badge once locked."""
-    return state_label_html(snap.state) + (" " + badge("locked") if snap.locked else "")
+    return state_label_html(snap.state, snap.initialized_by) + (" " + badge("locked") if snap.locked else "")
 
 
 def _rows(rows: list[tuple[str, str]]) -> str:

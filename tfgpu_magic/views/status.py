@@ -17,12 +17,14 @@ from ..language.policy import quote, short_uuid
 from ..language.sizes import directive_size, gib_pair, mib_text
 from ..envvars import CUDA_DEVICE_ORDER, CUDA_VISIBLE_DEVICES, NAMES
 from ..tf import initcell
+from ..tf.initcell import InitRecord
 from ..frameworks import FrameworkView
 from ..frameworks.torch import FractionSet
 from ..plan import Plan
 from ..tf.apply import ApplyReport, Change, LoggerSet, Recorded, Refusal, VariableSet
-from ..tf.runtime import NO_GPU, LogicalSpec, RuntimeState, current_shell
-from .notes import note_text
+from ..tf.runtime import LogicalSpec, RuntimeState, current_shell
+from .notes import NO_GPU, note_text
+from .tfstate import init_text, state_text
 
 if TYPE_CHECKING:
     from ..controller import Controller, NoGpu  # only hints: `%load_ext` imports this module, not the controller
@@ -232,8 +234,8 @@ def pending_lines(source: Controller, state: RuntimeState | None = None,
 
 def initialized_by() -> str:
     """` (by In [7]: `model.fit(x, ...`)` once the initializing cell is known, else ''."""
-    known = initcell.initialized_by()
-    return f" ({known})" if known else ""
+    record = initcell.initialized_record()
+    return f" ({init_text(record)})" if record is not None else ""
 
 
 def _is_variable(item: str) -> bool:
@@ -307,6 +309,8 @@ class StatusSnapshot(NamedTuple):
     """A (label, line) per other framework imported or told something (`framework_rows`)."""
     kept: tuple[str, ...] | None = None
     """The policy kept for this kernel's next start, as phrases (`jupyter.kept`); None: nothing kept."""
+    initialized_by: InitRecord | None = None
+    """Where TensorFlow's runtime was initialized, where known (`tf.initcell`)."""
 
     @property
     def locked(self) -> bool:
@@ -315,9 +319,10 @@ class StatusSnapshot(NamedTuple):
 
 
 def snapshot(source: Controller) -> StatusSnapshot:
-    """Read what the status shows from `source`, TensorFlow's state once and the plan once."""
+    """Read what the status shows from `source`, TensorFlow's state once and the plan once (with what an
+    import of JAX or PyTorch will bring, for their rows)."""
     state = source.state()
-    plan = source.plan(state)
+    plan = source.plan(state, imports=True)
     environment = source.environment()
     inventory = source.inventory()
     grant = source.grant()
@@ -336,6 +341,7 @@ def snapshot(source: Controller) -> StatusSnapshot:
         notes=tuple(map(note_text, plan.notes)) + notebook_notes(source),
         frameworks=tuple(framework_rows(source.other_frameworks(plan), source.policy.growth is True)),
         kept=kept_phrases(gpu_names_of(inventory)),
+        initialized_by=initcell.initialized_record(),
     )
 
 
@@ -418,7 +424,7 @@ def _told(view: FrameworkView, told: str) -> str:
 
 def status_text(snap: StatusSnapshot) -> str:
     """The full `%tfgpu` status as text: TensorFlow state, desired policy, environment, what TF recorded."""
-    lines = [row("TensorFlow", initcell.label(snap.state.label))]
+    lines = [row("TensorFlow", state_text(snap.state, snap.initialized_by))]
     lines += [row(label, line) for label, line in snap.frameworks]
     lines.append(row("Policy", list(snap.policy) or "none (TensorFlow defaults)"))
     if snap.kept is not None:

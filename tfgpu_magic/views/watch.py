@@ -1,9 +1,10 @@
 """`%tfgpu watch on | off`: after each cell, one short line per GPU whose memory moved.
 
 `on` registers a `pre_run_cell`/`post_run_cell` pair: before the cell each GPU's peak is reset
-(`reset_memory_stats`), after it the line gives the cell's peak, the change in what this process holds
-(NVML's per-process figure: TensorFlow's pool; TensorFlow's tensor count where NVML has none) and
-the cap, plus a line when the held memory grew in each of the last cells. `off` (the default)
+(`reset_memory_stats`) once, by the record of each cell's memory (`tf.cellmemory`) where it runs, else by
+the watch, so both read the same per-cell peak; after it the line gives the cell's peak, the change in
+what this process holds (NVML's per-process figure: TensorFlow's pool; TensorFlow's tensor count where
+NVML has none) and the cap, plus a line when the held memory grew in each of the last cells. `off` (the default)
 leaves no hook. Before TensorFlow's runtime is initialized both hooks only read its state.
 """
 
@@ -17,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..errors import PolicyError
 from ..gpus.inventory import MIB, Inventory, read_inventory, self_mib
 from ..language.sizes import bytes_text
-from ..tf.memory import MemoryAPI, TensorFlowMemory, memory_rows, peaks_per_cell, tensor_figures
+from ..tf import cellmemory
+from ..tf.memory import MemoryAPI, TensorFlowMemory, memory_rows, tensor_figures
 from ..tf.memory import with_tensor_figures  # noqa: F401 (the panel's live refresh reads it here)
 
 if TYPE_CHECKING:
@@ -55,6 +57,8 @@ class Watch:
     api: MemoryAPI = field(default_factory=TensorFlowMemory)
     inventory: Callable[[], Inventory] = read_inventory
     out: Any = None
+    shell: Any = None
+    """The shell whose record of each cell's memory (`tf.cellmemory`) may reset the peaks for the watch."""
     lanes: list[Lane] | None = None
     before: dict[str, Figures] | None = None
     history: dict[str, deque] = field(default_factory=dict)
@@ -83,9 +87,11 @@ class Watch:
         if not self.api.initialized():
             self.before = None
             return
-        for lane in self._lanes():
-            for device in lane.devices:
-                self.api.reset(device)
+        recorder = cellmemory.recorder(self.shell)
+        if recorder is None or not recorder.resets_peaks():  # one reset a cell: the recorder's where it runs
+            for lane in self._lanes():
+                for device in lane.devices:
+                    self.api.reset(device)
         self.before = self._figures()
 
     def post(self, result: Any = None) -> None:
@@ -144,11 +150,11 @@ def watch_on(shell: Any, controller: Controller, api: MemoryAPI | None = None,
     stdout (tests)."""
     if current(shell) is not None:
         return "Memory watch is already on."
-    watch = Watch(controller, api if api is not None else TensorFlowMemory(), inventory or read_inventory, out)
+    watch = Watch(controller, api if api is not None else TensorFlowMemory(), inventory or read_inventory, out, shell)
     shell.events.register("pre_run_cell", watch.pre)
     shell.events.register("post_run_cell", watch.post)
     setattr(shell, WATCH_ATTRIBUTE, watch)
-    peaks_per_cell(shell, True)
+    cellmemory.peaks_per_cell(shell, True)
     return "Memory watch on: after each cell, one line per GPU whose memory moved. `%tfgpu watch off` stops it."
 
 
@@ -161,7 +167,7 @@ def watch_off(shell: Any) -> str:
         while callback in shell.events.callbacks[event]:
             shell.events.unregister(event, callback)
     delattr(shell, WATCH_ATTRIBUTE)
-    peaks_per_cell(shell, False)
+    cellmemory.peaks_per_cell(shell, False)
     return "Memory watch off: no hook left."
 
 

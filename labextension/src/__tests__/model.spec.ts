@@ -5,20 +5,7 @@
  */
 import type { IGpusReply, IKernelReply } from '../api';
 
-// VDomModel as @jupyterlab/ui-components has it (a `stateChanged` signal, `dispose`), without loading that
-// package's widgets, which need a browser's DOM
-jest.mock('@jupyterlab/ui-components', () => {
-  const { Signal } = jest.requireActual('@lumino/signaling');
-  class VDomModel {
-    readonly stateChanged = new Signal(this);
-    isDisposed = false;
-    dispose(): void {
-      this.isDisposed = true;
-      Signal.clearData(this);
-    }
-  }
-  return { VDomModel };
-});
+jest.mock('@jupyterlab/ui-components', () => jest.requireActual('./vdommodel'));
 jest.mock('../api', () => ({ ...jest.requireActual('../api'), getGpus: jest.fn(), getKernel: jest.fn() }));
 
 import { RequestFailure, getGpus, getKernel } from '../api';

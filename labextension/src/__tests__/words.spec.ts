@@ -1,6 +1,7 @@
 /**
  * words.ts: how failed requests and reply errors read. Each kind of failure has its own sentence and fix;
- * the status bar's short form names the HTTP status where there is one.
+ * a failed request without an error body names its HTTP status (refusals.spec.ts: one with a body is
+ * worded by its code).
  */
 import contract from '../../../tfgpu_magic/jupyter/tfgpu-state.schema.json';
 import type { ErrorCode, FailureKind } from '../api';
@@ -9,32 +10,37 @@ import { trans } from './trans';
 
 const KINDS: FailureKind[] = ['extension-missing', 'server-gone', 'failed', 'unknown-kernel'];
 
+/** A failure of `kind` with `status` and no error body (no code). */
+function failed<K extends FailureKind>(kind: K, status: number | null): { kind: K; status: number | null; code: null } {
+  return { kind, status, code: null };
+}
+
 describe('failureText', () => {
   it('tells how to enable a missing server extension, by its module name', () => {
-    const text = failureText(trans, 'extension-missing', 404);
+    const text = failureText(trans, failed('extension-missing', 404));
     expect(text.what).toBe('The tfgpu_magic server extension is off or not installed: no GPU figures.');
     expect(text.fix).toBe('Run jupyter server extension enable tfgpu_magic.serverext, then restart JupyterLab.');
   });
 
-  it('names the HTTP status of a failed request, or ? without one', () => {
-    expect(failureText(trans, 'failed', 500).what).toBe('The GPU request failed (HTTP 500).');
-    expect(failureText(trans, 'failed', null).what).toBe('The GPU request failed (HTTP ?).');
-    expect(failureShort(trans, 'failed', 503)).toBe('GPU: request failed (HTTP 503)');
+  it('names the HTTP status of a failed request without an error body, or ? without one', () => {
+    expect(failureText(trans, failed('failed', 500)).what).toBe('The GPU request failed (HTTP 500).');
+    expect(failureText(trans, failed('failed', null)).what).toBe('The GPU request failed (HTTP ?).');
+    expect(failureShort(trans, failed('failed', 503))).toBe('GPU: request failed (HTTP 503)');
   });
 
   it('says a gone server is not answering', () => {
-    expect(failureText(trans, 'server-gone', null).what).toBe('The Jupyter server does not answer.');
-    expect(failureShort(trans, 'server-gone', null)).toBe('GPU: server not answering');
-    expect(failureShort(trans, 'extension-missing', 404)).toBe('GPU: server extension off');
+    expect(failureText(trans, failed('server-gone', null)).what).toBe('The Jupyter server does not answer.');
+    expect(failureShort(trans, failed('server-gone', null))).toBe('GPU: server not answering');
+    expect(failureShort(trans, failed('extension-missing', 404))).toBe('GPU: server extension off');
   });
 
   it('gives each kind its own sentence, every one filled in (no %1 left)', () => {
-    const whats = KINDS.map(kind => failureText(trans, kind, 500).what);
+    const whats = KINDS.map(kind => failureText(trans, failed(kind, 500)).what);
     expect(new Set(whats).size).toBe(KINDS.length);
     for (const what of whats) {
       expect(what).not.toMatch(/%\d/);
     }
-    expect(failureText(trans, 'unknown-kernel', 404).fix).toBe('');
+    expect(failureText(trans, failed('unknown-kernel', 404)).fix).toBe('');
   });
 });
 
