@@ -28,7 +28,8 @@ from types import SimpleNamespace
 from typing import Any, MutableMapping, Sequence
 
 from tfgpu_magic.tf.apply import LoggerSet, Route
-from tfgpu_magic.tf.runtime import ASYNC_ALLOCATOR, LIBCUDA_LOADED, LogicalSpec, RuntimeState, logical_entries
+from tfgpu_magic.tf.runtime import (ASYNC_ALLOCATOR, LIBCUDA_LOADED, CreatedBy, LogicalSpec, RuntimeState,
+                                    logical_entries)
 
 PhysicalDevice = collections.namedtuple("PhysicalDevice", ["name", "device_type"])
 """Same name, fields, equality and repr as `tf.config.PhysicalDevice` (a namedtuple too)."""
@@ -219,7 +220,7 @@ class FakeTF:
         self._in_force: InForce | None = None
         self._tf_to_cuda: dict[int, int] = {}
         self._allocators: dict[int, _Allocator] = {}
-        self._created_by: str | None = None
+        self._created_by: CreatedBy | None = None
         self.loglevel: str | None = None
         """What the Python loggers were last set to (`set_loglevel`)."""
         self.device_lib = SimpleNamespace(list_local_devices=self._list_local_devices)
@@ -411,7 +412,7 @@ class FakeTF:
                   lambda result, args: any(d.device_type == "GPU" for d in args[0].list_devices())),
         ]
 
-    def record_devices_created(self, route: str) -> None:
+    def record_devices_created(self, route: CreatedBy) -> None:
         self._created_by = self._created_by or route
 
     def set_loglevel(self, level: str | None) -> list[LoggerSet]:

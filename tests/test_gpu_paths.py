@@ -22,9 +22,9 @@ from tfgpu_magic.controller import Controller
 from tfgpu_magic.gpus.inventory import Gpu, Inventory, InventoryCatalog
 from tfgpu_magic.plan import Plan
 from tfgpu_magic.tf.apply import ApplyReport, Change, Refusal, apply_plan
-from tfgpu_magic.tf.runtime import where
+from tfgpu_magic.tf.runtime import CreatedBy, where
 from tfgpu_magic.views.status import note_text
-from tfgpu_magic.views.tfstate import state_text as status_state_text
+from tfgpu_magic.views.tfstate import place_text, state_text as status_state_text
 
 GROWTH_ENV = "TF_FORCE_GPU_ALLOW_GROWTH"
 STARTS = ("before import", "imported", "devices listed")
@@ -61,7 +61,7 @@ def edit(ctl: Controller, *lines: str) -> ApplyReport:
     return ctl.edit([ctl.parse(line) for line in lines])
 
 
-def worded(items: list[Change | Refusal | str], route: str | None = None) -> list[str]:
+def worded(items: list[Change | Refusal | str], route: CreatedBy | None = None) -> list[str]:
     """A report's records as the messages word them (`views.status`; `route`: what created the GPU
     devices, as the report's state says); lines stay as they are."""
     return [status.item_text(item, route) for item in items]
@@ -503,7 +503,7 @@ def test_device_lib_gets_the_policy_and_the_state_says_devices_exist() -> None:
     assert [(d.name, d.memory_limit) for d in devices if d.device_type == "GPU"] == [("/device:GPU:0", 2048),
                                                                                       ("/device:GPU:1", 0)]
     label = status_state_text(ctl.state())
-    assert label.startswith(f"GPU devices created by `device_lib.list_local_devices()` {where()}")
+    assert label.startswith(f"GPU devices created by `device_lib.list_local_devices()` {place_text(where())}")
     assert "memory settings are fixed until restart" in label
     assert gpus_in_force(fake.initialize()) == [(0, False, (2048,)), (1, False, None)]
 
@@ -529,7 +529,7 @@ def test_change_after_a_route_created_devices_is_locked() -> None:
     assert worded(report.locked, report.state.devices_created) == [
         f"{GROWTH_ENV}: unset → true (read when TensorFlow created the GPU allocators)",
         "logical devices of GPU:1: TF default → 1GB (GPU devices were created by "
-        f"`device_lib.list_local_devices()` {where()})"]
+        f"`device_lib.list_local_devices()` {place_text(where())})"]
     assert len(fake.calls) == calls and fake.get_logical(_gpu(fake, 1)) is None
     assert "cannot change these settings" in status.describe_report(report)
     assert "Pending, needs a restart" in status.describe_status(ctl)
@@ -566,7 +566,7 @@ def test_is_gpu_available_is_named_in_the_state() -> None:
         return any(d.device_type == "GPU" for d in fake.device_lib.list_local_devices())
 
     assert is_gpu_available()
-    assert ctl.state().devices_created.startswith("`tf.test.is_gpu_available()`")
+    assert ctl.state().devices_created == CreatedBy("tf.test.is_gpu_available()", where())
     assert gpus_in_force(fake.initialize()) == [(0, True, None)]
 
 
@@ -579,7 +579,7 @@ def test_session_config_is_merged_with_the_policy() -> None:
     assert [(g.cuda_id, g.limits) for g in sess.gpus_in_force()] == [(0, (1024,)), (1, (1024,))]
     assert sum(d.device_type == "CPU" for d in sess.list_devices()) == 2
     assert mine == fake.new_session_config()
-    assert ctl.state().devices_created.startswith("`tf.compat.v1.Session()`")
+    assert ctl.state().devices_created == CreatedBy("tf.compat.v1.Session()", where())
 
 
 def test_session_with_own_cpu_count_wins_with_one_warning(capsys: pytest.CaptureFixture) -> None:

@@ -5,8 +5,9 @@ the NVML-only rules; and each GPU rule's judge, both ways, on figures the fakes 
 
 Bounded: an `import tensorflow` that hangs costs one timeout and skips the rest; the overall deadline;
 rows printed as decided; the selftest signalled (SIGINT, SIGTERM, SIGHUP, SIGKILL), abandoned at
-interpreter exit, or interrupted in a real kernel leaves no process; what a user's startup code prints
-neither crashes a run nor passes for a figure; a broken TensorFlow is never said to accept a policy.
+interpreter exit, or interrupted in a real kernel leaves no process (a SIGINT ignored from the start
+stays ignored); what a user's startup code prints neither crashes a run nor passes for a figure; a
+broken TensorFlow is never said to accept a policy.
 
 The GPU figures come from a fake process: the rule's own policy goes through a real `Controller` over
 tests/fake_tf.py (TensorFlow's rules decide what is in force at initialization), a card model here
@@ -630,6 +631,20 @@ def test_text_rows_are_printed_as_each_rule_is_decided(tmp_path: Path, hang: Pat
     assert rest.splitlines()[-1].startswith("3 rules: 1 pass, 1 fail, 1 skip; ")
 
 
+@contextlib.contextmanager
+def sigint(ignored: bool) -> Iterator[None]:
+    """SIGINT ignored here, or raising KeyboardInterrupt, whatever pytest itself began with; and children
+    started inside begin with it ignored (a script's background job, `cmd &`) or at its default (a
+    terminal's foreground job): only SIG_IGN passes through exec, a Python handler becomes the default
+    there. Pytest run as such a background job would otherwise hand its ignored SIGINT on. Pytest's own
+    handler afterwards."""
+    saved = signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler if saved is None else saved)
+
+
 @pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 128 + signal.SIGTERM),
                                             (signal.SIGHUP, 128 + signal.SIGHUP), (signal.SIGKILL, -signal.SIGKILL)],
                          ids=["SIGINT", "SIGTERM", "SIGHUP", "SIGKILL"])
@@ -638,8 +653,9 @@ def test_a_stopped_selftest_leaves_no_process(tmp_path: Path, hang: Path, signum
     after SIGINT it went on waiting on them (still running 30 s later). Now it stops them and exits; even
     killed outright (SIGKILL), each probe reads EOF on its stdin and ends its own process group."""
     env = selftest_env(tmp_path, hang)
-    process = subprocess.Popen([sys.executable, "-m", "tfgpu_magic", "selftest", "--only", "split-cpu"], cwd=ROOT,
-                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with sigint(ignored=False):  # Ctrl-C reaches a foreground job only
+        process = subprocess.Popen([sys.executable, "-m", "tfgpu_magic", "selftest", "--only", "split-cpu"],
+                                   cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: selftest_processes(hang))
         os.kill(process.pid, signum)
@@ -653,6 +669,30 @@ def test_a_stopped_selftest_leaves_no_process(tmp_path: Path, hang: Path, signum
     if signum != signal.SIGKILL:
         assert selftest_processes(hang) == []  # at once: stopped before the selftest exited
     assert wait_for(lambda: not selftest_processes(hang), timeout=5)
+
+
+def test_a_selftest_started_with_sigint_ignored_leaves_it_ignored_and_sigterm_stops_it(tmp_path: Path,
+                                                                                       hang: Path) -> None:
+    """Started as a script's background job (SIGINT ignored, so that the terminal's Ctrl-C meant for the
+    foreground job spares it), the selftest keeps SIGINT ignored, as Python and `nohup` do; SIGTERM still
+    stops it and its probes. (Pytest run as such a job failed the SIGINT case above before that test
+    started its selftest with SIGINT at its default.)"""
+    with sigint(ignored=True):
+        process = subprocess.Popen([sys.executable, "-m", "tfgpu_magic", "selftest", "--only", "split-cpu"],
+                                   cwd=ROOT, env=selftest_env(tmp_path, hang), stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: selftest_processes(hang))
+        os.kill(process.pid, signal.SIGINT)
+        with pytest.raises(subprocess.TimeoutExpired):
+            process.wait(timeout=1)
+        assert selftest_processes(hang)
+        os.kill(process.pid, signal.SIGTERM)
+        assert process.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        process.kill()
+        process.wait()
+    assert selftest_processes(hang) == []
 
 
 ABANDONED = """\
@@ -710,6 +750,33 @@ def test_a_probe_that_ignores_sigterm_and_leaves_a_child_is_killed_with_its_grou
         children.close()
 
 
+def test_an_interrupt_while_a_child_starts_stops_that_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Children.run` in the main thread (a kernel's `%tfgpu selftest`) gets SIGINT while Popen waits for
+    the exec; here just as Popen returns. Before: the KeyboardInterrupt came out of Popen, the child was
+    never recorded, and it ran on (the selftest's runner until the kernel exits). Now the interrupt waits
+    until the child is in hand, then stops it and is raised."""
+    started: list[subprocess.Popen[bytes]] = []
+    real = subprocess.Popen
+
+    def interrupted(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        started.append(real(*args, **kwargs))
+        signal.raise_signal(signal.SIGINT)  # its handler runs before this returns
+        return started[-1]
+
+    monkeypatch.setattr(subprocess, "Popen", interrupted)
+    children = Children(grace=1.0)
+    try:
+        with sigint(ignored=False), pytest.raises(KeyboardInterrupt):
+            children.run([sys.executable, "-c", "import time; time.sleep(60)"], os.environ, 30.0,
+                         Reader(new_nonce()))
+        assert len(started) == 1 and not alive(started[0].pid)
+    finally:
+        children.close()
+        for process in started:
+            process.kill()
+            process.wait()
+
+
 def alive(pid: int) -> bool:
     """Whether process `pid` exists and is not a zombie."""
     try:
@@ -739,7 +806,9 @@ def test_the_kernel_interrupt_stops_every_process_and_rows_arrive_as_decided(tmp
         assert selftest_processes(hang) == []
 
         kernel.ok("run.PROBE_TIMEOUT = 120")
-        kernel.client.execute("%tfgpu selftest")
+        # Without stop_on_error: ipykernel aborts ("aborted", no output) requests that reach it before it
+        # has finished aborting the queue after an error reply, and the next cell here may be that quick.
+        kernel.client.execute("%tfgpu selftest", stop_on_error=False)
         wait_for(lambda: [pid for pid in selftest_processes(hang)
                           if PROBE_SIGN in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")])
         interrupted = time.monotonic()

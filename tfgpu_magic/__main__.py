@@ -1,6 +1,8 @@
 """`python -m tfgpu_magic selftest [--json] [--only RULE,...] [--timeout S] [--deadline S]`: prove on
 this machine that each rule of the policy takes effect (docs/selftest.md). Plain text prints each
-rule as it is decided. Exit status 1 when a rule fails, 2 for a usage error, 130 when interrupted."""
+rule as it is decided. Exit status 1 when a rule fails, 2 for a usage error, 130 when interrupted.
+SIGINT ignored from the start (a script's background job, `cmd &`) stays ignored, as Python leaves it;
+SIGTERM stops the run then."""
 
 from __future__ import annotations
 

@@ -289,7 +289,7 @@ export interface Tensorflow {
      */
     where: 'cell' | 'outside_cell' | 'before_watch';
     /**
-     * The cell's In [n] (outside_cell: the next cell's).
+     * The cell's In [n] (outside_cell: the next cell's; before_watch: the cell that ran when tfgpu_magic began to watch, null outside IPython).
      */
     execution_count: number | null;
     /**

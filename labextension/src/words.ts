@@ -141,10 +141,12 @@ function initializedBy(trans: TranslationBundle, by: IInitializedBy): string {
       return by.execution_count
         ? trans.__('outside a cell (a startup file, an extension, a silent request or a thread), before In [%1]', by.execution_count)
         : trans.__('outside a cell (a startup file, an extension, a silent request or a thread)');
-    case 'before_watch':
-      return by.line
-        ? trans.__('before tfgpu_magic could watch (%1)', by.line)
-        : trans.__('before tfgpu_magic could watch');
+    case 'before_watch': // the cell running when the watch began (`line`: that place in words, from older kernels)
+      return by.execution_count
+        ? trans.__('before tfgpu_magic could watch (in In [%1])', by.execution_count)
+        : by.line
+          ? trans.__('before tfgpu_magic could watch (%1)', by.line)
+          : trans.__('before tfgpu_magic could watch (in IPython)');
   }
 }
 

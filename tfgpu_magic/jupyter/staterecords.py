@@ -17,9 +17,14 @@ if TYPE_CHECKING:
     from ..tf.runtime import RuntimeState
 
 
+PUBLISHED_STAGES = {"devices_created": "imported"}
+"""`$defs/tensorflowState` has no stage of its own for GPU devices created by a route (TensorFlow is
+imported, its runtime not initialized); every other `tf.runtime.Stage` is published as it is."""
+
+
 def tensorflow_state(state: RuntimeState) -> str:
-    """`$defs/tensorflowState`."""
-    return "initialized" if state.initialized else "imported" if state.imported else "not_imported"
+    """`$defs/tensorflowState`: `RuntimeState.stage` as the schema's enum has it."""
+    return PUBLISHED_STAGES.get(state.stage, state.stage)
 
 
 def policy_record(policy: Policy) -> dict[str, Any]:

@@ -63,27 +63,33 @@ class Children:
     def run(self, argv: Sequence[str], env: Mapping[str, str], timeout: float, reader: Reader) -> Finished:
         """Run `argv` with `env` for at most `timeout` seconds, its stdout fed to `reader`."""
         start = time.monotonic()
-        started = self._start(argv, env)
-        if started is None:
-            return Finished(reader, (), None, 0.0, STOPPED)
-        process, parent_end = started
         errors = _Head(STDERR_LIMIT)
+        started = None
         try:
+            # An interrupt while it starts (Popen waits for the exec) is raised once it is in hand, so that
+            # it is stopped below; raised inside Popen, it would leave the child running.
+            with held_signals():
+                started = self._start(argv, env)
+            if started is None:
+                return Finished(reader, (), None, 0.0, STOPPED)
+            process = started[0]
             ended = _collect(process, reader, errors, start + timeout)
             if ended:  # both pipes closed: it has exited, or is about to
                 ended = _exited(process.pid, start + timeout)
             _end([process], self.grace, terminate=not ended)
         except BaseException:
-            with held_signals():
-                _end([process], self.grace)
+            if started is not None:
+                with held_signals():
+                    _end([started[0]], self.grace)
             raise
         finally:
-            with self._lock:
-                self._running.pop(process.pid, None)
-            os.close(parent_end)
-            for pipe in (process.stdout, process.stderr):
-                if pipe is not None:
-                    pipe.close()
+            if started is not None:
+                with self._lock:
+                    self._running.pop(started[0].pid, None)
+                os.close(started[1])
+                for pipe in (started[0].stdout, started[0].stderr):
+                    if pipe is not None:
+                        pipe.close()
         cut = None if ended else TIMED_OUT
         if process.returncode is not None and process.returncode < 0 and self._closed:
             cut = STOPPED

@@ -17,7 +17,7 @@ from typing import Any, Callable, Literal, NamedTuple, Protocol, Sequence
 from ..envvars import TF_FORCE_GPU_ALLOW_GROWTH, TF_GPU_ALLOCATOR
 from ..errors import PolicyError, short_error
 from ..plan import Note, Plan, note
-from .runtime import (ASYNC_ALLOCATOR, LOCKED_MARKER, Logical, RuntimeState,
+from .runtime import (ASYNC_ALLOCATOR, LOCKED_MARKER, CreatedBy, Logical, RuntimeState,
                       logical_entries, record_devices_created, runtime_state)
 
 class ConfigAPI(Protocol):
@@ -41,7 +41,7 @@ class ConfigAPI(Protocol):
         """An empty `ConfigProto`."""
     def device_routes(self) -> list[Route]:
         """The module attributes that create devices outside the eager context."""
-    def record_devices_created(self, route: str) -> None:
+    def record_devices_created(self, route: CreatedBy) -> None:
         """Remember (once, process-wide) that `route` created GPU devices; `state()` reports it."""
     def set_loglevel(self, level: str | None) -> list[LoggerSet]:
         """Set TensorFlow's Python loggers to `level` (None: back to how they were); what changed."""
@@ -124,7 +124,7 @@ class TensorFlowConfig:
     def new_session_config(self) -> Any:
         return self.tf.compat.v1.ConfigProto()
 
-    def record_devices_created(self, route: str) -> None:
+    def record_devices_created(self, route: CreatedBy) -> None:
         record_devices_created(route)
 
     def set_loglevel(self, level: str | None) -> list[LoggerSet]:

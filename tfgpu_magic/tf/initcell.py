@@ -24,8 +24,8 @@ LINE_CHARS = 40
 
 class InitRecord(NamedTuple):
     """Where the runtime was initialized: in cell In [`execution_count`] by `line`; outside any cell
-    (`execution_count`: the next cell's, where known); or before the watch began (`line`: `where()`).
-    `views.tfstate.init_text` words it."""
+    (`execution_count`: the next cell's, where known); or before the watch began (`execution_count`:
+    the cell running when it began, `where()`'s, where known). `views.tfstate.init_text` words it."""
 
     where: Literal["cell", "outside_cell", "before_watch"]
     execution_count: int | None = None
@@ -142,7 +142,7 @@ def watch_initialization(shell: Any, initialized: Callable[[], bool] = initializ
     if shell is None or _record is not None:
         return None
     if initialized():
-        _record_once(InitRecord("before_watch", line=where()))
+        _record_once(InitRecord("before_watch", where(shell).cell))
         return None
     watch = getattr(shell, _ATTRIBUTE, None)
     if watch is None:

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from ..errors import short_error
 from .apply import ConfigAPI, Route
-from .runtime import WRAPPED, where
+from .runtime import WRAPPED, CreatedBy, where
 
 def merge_session_config(user: Any | None, policy: Any | None, api: ConfigAPI) -> tuple[Any | None, str | None]:
     """The config a route should create devices with, and a warning when the user's GPU options win.
@@ -88,7 +88,7 @@ def _wrap(route: Route, original: Callable, api: ConfigAPI, policy_config: Calla
             print(f"tfgpu_magic: {label} could not create devices with {used}: {short_error(err, None)}", file=sys.stderr)
             raise
         if api.state().devices_created is None and route.gpus_created(result, args):
-            api.record_devices_created(f"`{label}` {where()}")
+            api.record_devices_created(CreatedBy(label, where()))
         return result
 
     setattr(wrapper, WRAPPED, original)

@@ -33,6 +33,23 @@ Stage = Literal["not_imported", "imported", "devices_created", "initialized"]
 """Where TensorFlow is in its life, as the views word it (`RuntimeState.stage`; `views.tfstate.STAGES`)."""
 
 
+class Place(NamedTuple):
+    """Where a call ran, read at call time (`where`): in input cell In [`cell`], in IPython with no cell
+    known (`cell` None), or outside IPython (`ipython` False). `views.tfstate.place_text` words it."""
+
+    ipython: bool
+    cell: int | None = None
+
+
+class CreatedBy(NamedTuple):
+    """The route that created GPU devices outside the eager context, and where it was called.
+    `views.tfstate.route_text` words it ("`device_lib.list_local_devices()` in In [3]")."""
+
+    route: str
+    """The call as the user wrote it: a `tf.apply.Route.label` or a `tf.routes.CALLERS` value."""
+    place: Place
+
+
 class RuntimeState(NamedTuple):
     """Where TensorFlow is in its life, read without side effects."""
 
@@ -41,9 +58,9 @@ class RuntimeState(NamedTuple):
     """TensorFlow listed its devices (CUDA has started)."""
     initialized: bool = False
     """The runtime exists: device settings are locked until the process ends."""
-    devices_created: str | None = None
-    """Which route created GPU devices outside the eager context (e.g. "`device_lib.list_local_devices()`
-    in In [3]"): the GPU allocators are fixed from then on, though `tf.config` still accepts changes."""
+    devices_created: CreatedBy | None = None
+    """Which route created GPU devices outside the eager context, and where: the GPU allocators are
+    fixed from then on, though `tf.config` still accepts changes."""
     cuda_elsewhere: CudaSign | None = None
     """What shows CUDA started in this process before TensorFlow listed devices (another library did
     it): `CUDA_*` variables no longer take effect."""
@@ -102,16 +119,16 @@ def too_late(name: str, state: RuntimeState, ignoring: tuple[str, ...] = ()) -> 
                  if moment.code not in ignoring and state.passed(moment)), None)
 
 
-_created_by: str | None = None
+_created_by: CreatedBy | None = None
 """Process-wide, like TensorFlow's GPU allocators: the first route that created GPU devices."""
 
 
-def devices_created() -> str | None:
+def devices_created() -> CreatedBy | None:
     return _created_by
 
 
-def record_devices_created(route: str) -> None:
-    """Remember the first route that created GPU devices (`route` names it and the cell)."""
+def record_devices_created(route: CreatedBy) -> None:
+    """Remember the first route that created GPU devices (`route` names it and where it was called)."""
     global _created_by
     if _created_by is None:
         _created_by = route
@@ -123,17 +140,17 @@ def current_shell() -> Any:
     return ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
 
 
-def where() -> str:
-    """The input cell running now, read at call time (no per-cell hook), else 'outside IPython'.
+def where(shell: Any = None) -> Place:
+    """The input cell running now in `shell` (the running IPython shell by default), read at call time
+    (no per-cell hook); or no cell, in or outside IPython.
 
     The cell's number is the last stored input's: IPython stores the input before running it, while
     `execution_count` moved from "this cell" (IPython 8) to "the next one" (IPython 9) during a cell."""
-    shell = current_shell()
+    shell = shell if shell is not None else current_shell()
     if shell is None:
-        return "outside IPython"
+        return Place(ipython=False)
     inputs = getattr(getattr(shell, "history_manager", None), "input_hist_parsed", None)
-    count = len(inputs) - 1 if isinstance(inputs, list) and len(inputs) > 1 else None
-    return f"in In [{count}]" if count is not None else "in IPython"
+    return Place(ipython=True, cell=len(inputs) - 1 if isinstance(inputs, list) and len(inputs) > 1 else None)
 
 
 CUDA_DRIVER_LIBRARY = b"/libcuda.so"

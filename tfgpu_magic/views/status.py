@@ -22,9 +22,9 @@ from ..frameworks import FrameworkView
 from ..frameworks.torch import FractionSet
 from ..plan import Plan
 from ..tf.apply import ApplyReport, Change, LoggerSet, Recorded, Refusal, VariableSet
-from ..tf.runtime import LogicalSpec, RuntimeState, current_shell
+from ..tf.runtime import CreatedBy, LogicalSpec, RuntimeState, current_shell
 from .notes import NO_GPU, note_text
-from .tfstate import init_text, state_text
+from .tfstate import init_text, route_text, state_text
 
 if TYPE_CHECKING:
     from ..controller import Controller, NoGpu  # only hints: `%load_ext` imports this module, not the controller
@@ -179,16 +179,16 @@ PENDING_TITLES = {True: "Pending, needs a restart", False: "Not applied yet (`%t
 """The groups of `Controller.pending()`, by `needs_restart`."""
 
 
-def change_text(change: Change, route: str | None = None) -> str:
+def change_text(change: Change, route: CreatedBy | None = None) -> str:
     """`logical devices of GPU:0: TF default → 1024 MiB` (and why it cannot change, if not initialization;
     `route`: what created the GPU devices, `RuntimeState.devices_created`)."""
     word = (lambda value: value or "unset") if change.setting == "variable" else shown
     text = f"{SETTINGS[change.setting].format(device=change.device)}: {word(change.current)} → {word(change.desired)}"
     why = WHY.get(change.why or "")
-    return text + (f" ({why.format(route=route)})" if why else "")
+    return text + (f" ({why.format(route=route_text(route))})" if why else "")
 
 
-def item_text(item: Change | Refusal | FractionSet | LoggerSet | VariableSet, route: str | None = None) -> str:
+def item_text(item: Change | Refusal | FractionSet | LoggerSet | VariableSet, route: CreatedBy | None = None) -> str:
     """An `ApplyReport` item as its message words it: a change, a change TensorFlow refused (with
     TensorFlow's words), a PyTorch memory fraction, a logger or a variable set (`NAME=value`, `unset NAME`)."""
     if isinstance(item, VariableSet):
