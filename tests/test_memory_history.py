@@ -139,6 +139,22 @@ def test_cells_mark_the_samples_and_an_open_cell_ends_where_the_next_one_starts(
     assert len(kernel.cells) == CELLS_KEPT and min(kernel.cells) == 110.0
 
 
+
+def test_an_idle_kernels_state_is_read_until_its_last_cell_ends_within_a_bound() -> None:
+    """After its last busy sample, a kernel's state is read for `SETTLE_SECONDS`; while its last cell has
+    no end yet (a loaded kernel publishes it late), up to `OPEN_CELL_SECONDS`; never NVML for it."""
+    memory = History()
+    memory.record("k", 100.0, figures(GIB), [cell(1, 99.0, None)], busy=True)
+    late = 100.0 + history.SETTLE_SECONDS + 1
+    assert memory.wants_reading({"k"}, set()) is True  # busy at its last sample: the next one is taken
+    memory.record("k", 101.0, figures(GIB), [cell(1, 99.0, None)], busy=False)
+    assert memory.wants_reading({"k"}, set()) is False
+    assert memory.settling({"k"}, late) is True  # its cell's end is still to come
+    assert memory.settling({"k"}, 100.0 + history.OPEN_CELL_SECONDS + 1) is False  # it never came
+    memory.record("k", late, None, [cell(1, 99.0, late - 0.5)], busy=False)
+    assert memory.kernels["k"].cells[99.0][:3] == (1, 99.0, late - 0.5)
+    assert memory.settling({"k"}, late + 0.1) is False  # ended: nothing more to read
+
 def test_a_kernels_history_goes_with_it() -> None:
     memory = History()
     for kernel_id in ("a", "b"):

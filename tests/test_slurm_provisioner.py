@@ -399,7 +399,7 @@ def test_cleanup_returns_the_servers_cached_ports_never_the_jobs(slurm_cluster: 
 def test_a_start_waits_out_scontrol_failing_for_a_moment(slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch,
                                                          tmp_path: Path) -> None:
     """slurmctld busy: the first three `scontrol` calls fail as a real one does (exit 1, Slurm's words);
-    the start waits them out and the kernel starts."""
+    the start waits out those that come before the job starts, and the kernel starts."""
     import asyncio
     import shutil
 
@@ -415,7 +415,9 @@ def test_a_start_waits_out_scontrol_failing_for_a_moment(slurm_cluster: SlurmClu
         async def scenario() -> None:
             await asyncio.wait_for(manager.start_kernel(env=env.environ, cwd=str(env.root)), START_TIMEOUT)
             try:
-                assert int(count.read_text()) >= 3  # the three failures came, and the start went on
+                # the first call fails at once, before the job can have started its kernel (one failure
+                # ended the start before); how many more fail depends on how soon the job starts
+                assert int(count.read_text()) >= 1
                 assert await manager.is_alive()
             finally:
                 await manager.shutdown_kernel(now=True)

@@ -132,6 +132,17 @@ def test_a_pending_job_is_asked_at_growing_intervals_up_to_the_last(monkeypatch:
     assert len(slurm.calls) <= 9, gaps  # polling at 0.2 s would ask 40 times, at 1 s 8 times
 
 
+
+def test_a_pending_job_without_a_reason_yet_is_asked_again_soon(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    """Just submitted, a job is PENDING with reason None until the scheduler's first pass (a second or two):
+    that is no news to wait longer on, so the reason that follows is in the timeout's message. Growing
+    intervals would ask at 0, 0.2, 0.5 and 0.95 s (four answers without a reason), then after the timeout."""
+    unsettled = JobState("PENDING", "None")
+    slurm = ScriptedSlurm(unsettled, unsettled, unsettled, unsettled, JobState("PENDING", "Resources"))
+    with pytest.raises(SlurmError, match=r"within 2 s \(PENDING, reason Resources\)"):
+        await_start(monkeypatch, tmp_path / "job", slurm, timeout=1.5)
+
 # ----- the job's output, for the message of a job that ended first -----------------------------------
 def test_the_output_of_a_job_that_ended_first_is_read_off_the_event_loop(monkeypatch: pytest.MonkeyPatch,
                                                                          tmp_path: Path) -> None:

@@ -199,8 +199,9 @@ class Sampler:
     shared ones the endpoints use (`Readings.nvml`, `Readings.kernels`: one read per `cache_seconds`
     serves the requests and the history alike). It asks for a read only while something may change a
     kernel's memory: a kernel is busy (the server's own model, from its status messages: no read), was
-    busy at its last sample, or is new. For `history.SETTLE_SECONDS` after a kernel's last busy sample
-    it reads the kernels' states alone (the kernel publishes a cell's end with its next look). Otherwise
+    busy at its last sample, or is new. For `history.SETTLE_SECONDS` after a kernel's last busy sample,
+    and while its last cell has no end for up to `history.OPEN_CELL_SECONDS`, it reads the kernels'
+    states alone (the kernel publishes a cell's end with its next look). Otherwise
     nothing changes (an idle kernel runs no cell; what a thread of its own allocates meanwhile is seen
     with the next reading), and when no client asked for a reading either (a newer one than the last
     sample), a tick reads nothing at all."""

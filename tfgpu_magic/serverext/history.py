@@ -37,6 +37,10 @@ CELLS_KEPT = 1024
 SETTLE_SECONDS = 3 * MEMORY_SECONDS
 """How long after its last busy sample a kernel's published state is still read: the kernel publishes a
 cell's end (and a short cell altogether) with its next look, up to `MEMORY_SECONDS` later."""
+OPEN_CELL_SECONDS = 30 * MEMORY_SECONDS
+"""How long after its last busy sample the state of a kernel whose last cell has no end yet is still read:
+a kernel on a loaded machine may publish that end late. One that never will (its publisher stopped, its
+process died) costs a state read a round for this long; its cell ends where the next one starts."""
 SOURCES = ("nvml", "tensorflow", "jax", "torch")
 """`$defs/memorySeries/source`, in the order a reply lists them."""
 FIGURES = ("used", "current", "peak", "reserved")
@@ -69,7 +73,7 @@ class KernelHistory:
         self.busy = False
         """The kernel was busy at its last sample: the next sample is taken even if nothing moved."""
         self.last_busy = -math.inf
-        """The stamp of its last busy sample: its state is read for `SETTLE_SECONDS` more."""
+        """The stamp of its last busy sample: its state is read for `SETTLE_SECONDS` more (`settling`)."""
         self.stamp = -math.inf
         """The newest stamp given (a sample's time, a cell's change): `?since=` compares against these."""
         self._sorted: list[Cell] | None = None
@@ -119,6 +123,13 @@ class KernelHistory:
         while len(self.cells) > CELLS_KEPT:
             del self.cells[min(self.cells)]
         self._sorted = None
+
+    def settling(self, now: float) -> bool:
+        """Whether its state may still bring the end of its last cell: for `SETTLE_SECONDS` after its last
+        busy sample, and while that cell has no end, for up to `OPEN_CELL_SECONDS`."""
+        since_busy = now - self.last_busy
+        return since_busy < SETTLE_SECONDS or (
+            since_busy < OPEN_CELL_SECONDS and bool(self.cells) and self.cells[max(self.cells)][2] is None)
 
     def _running(self, when: float) -> int | None:
         """The In [n] of the cell running at `when`, by the cells known now."""
@@ -195,9 +206,8 @@ class History:
                    for kernel_id in kernel_ids)
 
     def settling(self, kernel_ids: set[str], now: float) -> bool:
-        """Whether a kernel's state may still bring the end of its last cell (`SETTLE_SECONDS`)."""
-        return any(kernel_id in self.kernels and self.kernels[kernel_id].last_busy + SETTLE_SECONDS > now
-                   for kernel_id in kernel_ids)
+        """Whether a kernel's state may still bring the end of its last cell (`KernelHistory.settling`)."""
+        return any(kernel_id in self.kernels and self.kernels[kernel_id].settling(now) for kernel_id in kernel_ids)
 
     def record(self, kernel_id: str, now: float, figures: Figures | None, cells: Iterable[dict[str, Any]],
                busy: bool) -> bool:
