@@ -399,7 +399,9 @@ with quiet():
     shell.run_cell("import tensorflow as tf")
     shell.run_cell("tf.constant(1)")
     from tfgpu_magic.tf import initcell
-    known = initcell.initialized_by()
+    from tfgpu_magic.views.tfstate import init_text
+    record = initcell.initialized_record()
+    known = None if record is None else init_text(record)
     left = [getattr(c, "__qualname__", type(c).__qualname__) for c in ours()]
 emit(before_import=before_import, after_watch_off=after_watch_off, known=known, left=left)
 """
