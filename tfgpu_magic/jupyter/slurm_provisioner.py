@@ -54,7 +54,7 @@ from .notebook_request import NotebookRequest
 from .provisioner import TFGPUProvisioner
 from .slurm_args import parse_slurm_args, with_gpu_count
 from .slurm_job import ADDRESS_FILE, PORT_NAMES
-from .slurm_queue import ENDED_BY_SLURM, GONE, JobState, SlurmError
+from .slurm_queue import ENDED_BY_SLURM, GONE, NO_REASON, JobState, SlurmError
 
 NAME = "tfgpu-slurm-provisioner"
 POLL_INTERVAL = 1.0
@@ -67,8 +67,6 @@ ERRORS_TOLERATED = 3
 ERROR_GRACE = 10.0
 """`scontrol` failures a start waits out (`StateChecks`): more than `ERRORS_TOLERATED` in a row that
 span `ERROR_GRACE` seconds or more fail it."""
-UNSETTLED = "None"
-"""The reason `scontrol` gives a job the scheduler has not looked at yet (it follows within a second or two)."""
 LOG_EVERY = 10.0
 """Seconds between two "still pending" lines in the server log."""
 STOP_TIMEOUT = 15.0
@@ -142,9 +140,9 @@ def launch_error(err: Exception) -> Exception:
 class StateChecks:
     """A starting job's state as `scontrol` last told it, and when to ask again: `CHECK_FIRST` seconds
     after a new state, then `CHECK_GROWTH` times longer after each answer that says nothing new, up to
-    `CHECK_LAST` (a new reason is news too, and so is a pending job without one yet: `UNSETTLED`). A failed `scontrol`
-    (slurmctld busy or restarting) is tolerated until more than `ERRORS_TOLERATED` in a row have spanned
-    `ERROR_GRACE` seconds: then it is the start's `SlurmError`."""
+    `CHECK_LAST` (a new reason is news too, and so is a pending job without one yet: `NO_REASON`). A
+    failed `scontrol` (slurmctld busy or restarting) is tolerated until more than `ERRORS_TOLERATED` in a
+    row have spanned `ERROR_GRACE` seconds: then it is the start's `SlurmError`."""
 
     job_id: str
     due: float
@@ -167,7 +165,7 @@ class StateChecks:
             fresh, failure = None, err
         else:
             self.failures = 0
-        new = fresh is not None and (self.state is None or fresh[:2] != self.state[:2] or fresh[:2] == ("PENDING", UNSETTLED))
+        new = fresh is not None and (self.state is None or fresh[:2] != self.state[:2] or fresh[:2] == ("PENDING", NO_REASON))
         self.delay = CHECK_FIRST if new else min(self.delay * CHECK_GROWTH, CHECK_LAST)
         self.state = fresh if fresh is not None else self.state
         self.due = time.monotonic() + self.delay
@@ -327,7 +325,7 @@ class SlurmProvisioner(TFGPUProvisioner):  # type: ignore[misc]  (jupyter_client
                                  f"cancelled it. Allow more time with the kernelspec's launch_timeout or "
                                  f"{KERNEL_LAUNCH_TIMEOUT}")
             if state is not None and not state.running:
-                quiet = state.reason == UNSETTLED and waited < LOG_EVERY  # the scheduler's first pass is yet to come
+                quiet = state.reason == NO_REASON and waited < LOG_EVERY  # the scheduler's first pass is yet to come
                 if not quiet and (state.reason != said or time.monotonic() - said_at >= LOG_EVERY):
                     self.log.info("%s: kernel %s waits in Slurm's queue: job %s is %s (reason %s) after %.0f s",
                                   NAME, self.kernel_id, job_id, state.state, state.reason, waited)
@@ -368,7 +366,7 @@ class SlurmProvisioner(TFGPUProvisioner):  # type: ignore[misc]  (jupyter_client
         self._exit = state.exit_code if state.exit_code or state.state == "COMPLETED" else 1
         if not self._requested and (state.state in ENDED_BY_SLURM or state.state == GONE):
             self._ended = f"Slurm ended job {self._job_id}: {state.state}" + (
-                f", reason {state.reason}" if state.reason not in ("None", "") else "")
+                f", reason {state.reason}" if state.reason not in (NO_REASON, "") else "")
             self.log.warning("%s: kernel %s is dead: %s; it is not restarted (start a new kernel for a new job)",
                              NAME, self.kernel_id, self._ended)
         return self._exit

@@ -28,11 +28,16 @@ class SlurmError(RuntimeError):
     """A Slurm command failed; the message is its own, in one line."""
 
 
+NO_REASON = "None"
+"""The reason `scontrol` gives a job that has none: a running job, or a pending one the scheduler has not
+looked at yet (that follows within a second or two)."""
+
+
 class JobState(NamedTuple):
     """What `scontrol show job` says of a job."""
 
     state: str
-    reason: str = "None"
+    reason: str = NO_REASON
     node: str = ""
     exit_code: int = 0
     """The batch step's exit status; minus the signal number where a signal ended it."""
@@ -101,7 +106,7 @@ async def job_state(job_id: str) -> JobState:
     fields = dict(word.partition("=")[::2] for word in out.split() if "=" in word)
     status, _, signal = fields.get("ExitCode", "0:0").partition(":")
     exit_code = -int(signal) if signal.isdigit() and int(signal) else (int(status) if status.isdigit() else 0)
-    return JobState(fields.get("JobState", "UNKNOWN"), fields.get("Reason", "None"), fields.get("NodeList", ""),
+    return JobState(fields.get("JobState", "UNKNOWN"), fields.get("Reason", NO_REASON), fields.get("NodeList", ""),
                     exit_code)
 
 
